@@ -1,0 +1,432 @@
+"""The scenario: cluster, model, training run, runtime settings, algorithms and stragglers.
+
+One YAML file per scenario, parsed once here into frozen objects. A mapping anywhere may say
+`include: other.yaml` (relative to the including file) to start from another file's mapping and
+override some keys, so a run can name a cluster file, a model file and a calibrated profile.
+`load_scenario(path, overrides={"cluster.nodes": 64})` applies dotted-path overrides before
+validation (used by sweeps and `--set`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .algorithms import ALGORITHMS, algorithm_info
+from .model import ModelSpec
+from .plan import ParallelPlan
+from .schema import SpecError, build, param
+
+SCHEMA_VERSION = 1
+
+# ---------------------------------------------------------------------------------------------
+# cluster
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec:
+    name: str = param("gpu")
+    peak_tflops: float = param(gt=0, doc="dense peak TFLOP/s in the model dtype (bf16)")
+    peak_tflops_fp32: float = param(0.0, ge=0, doc="dense fp32 peak (informational)")
+    memory_GiB: float = param(gt=0)
+    hbm_bw_GBps: float = param(gt=0, doc="memory bandwidth")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvlinkSpec:
+    topology: str = param(
+        "switch", choices=("switch", "full_mesh"),
+        doc="switch: any GPU pair gets the full bandwidth (NVSwitch); full_mesh: direct links "
+        "split evenly among peers (A100 4-GPU boards)",
+    )
+    bw_GBps: float = param(gt=0, doc="per GPU, per direction, all links together")
+    latency_us: float = param(2.0, ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NicSpec:
+    count: int = param(ge=1, doc="NIC rails per node")
+    bw_Gbps: float = param(gt=0, doc="line rate per rail")
+    latency_us: float = param(2.0, ge=0, doc="one-way latency node to node")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    gpus: int = param(ge=1)
+    gpu: GpuSpec
+    nvlink: NvlinkSpec
+    nics: NicSpec
+    cpu_cores: int = param(0, ge=0, doc="host cores (0 = plenty); matters for CPU testbeds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricSpec:
+    topology: str = param(
+        "fat_tree", choices=("ideal", "fat_tree", "dragonfly_plus"),
+        doc="ideal: non-blocking; fat_tree: leaves with over-subscribed uplinks; "
+        "dragonfly_plus: groups (cells) of nodes joined by global links",
+    )
+    nodes_per_leaf: int = param(16, ge=1, doc="nodes under one leaf switch")
+    oversubscription: float = param(1.0, ge=1, doc="leaf down:up bandwidth ratio")
+    nodes_per_group: int = param(180, ge=1, doc="dragonfly_plus: nodes per group (cell)")
+    global_taper: float = param(
+        1.0, gt=0, doc="dragonfly_plus: global bandwidth leaving a group / its nodes' injection"
+    )
+    placement: str = param(
+        "packed", choices=("packed", "spread"),
+        doc="packed: job nodes fill leaves/groups in order; spread: round-robin over them",
+    )
+    switch_latency_us: float = param(0.5, ge=0, doc="added per switch hop")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    name: str = param("cluster")
+    nodes: int = param(ge=1)
+    node: NodeSpec
+    fabric: FabricSpec = FabricSpec()
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.node.gpus
+
+
+# ---------------------------------------------------------------------------------------------
+# training run
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    seq_len: int = param(ge=1, doc="tokens per sequence")
+    micro_batch: int = param(ge=1, doc="sequences per GPU per step")
+    steps: int = param(ge=1, doc="optimizer steps to simulate / run")
+    dataset_sequences: int = param(0, ge=0, doc="sequences in one epoch (0 = steps x world batch)")
+    eval_sequences: int = param(0, ge=0)
+    optimizer: str = param("adamw", choices=("adamw", "sgd"))
+    optimizer_state_dtype: str = param("bf16", choices=("bf16", "fp32"))
+    lr: float = param(3e-4, gt=0)
+    warmup_steps: int = param(0, ge=0)
+    lr_schedule: str = param("cosine", choices=("cosine", "constant"))
+    weight_decay: float = param(0.1, ge=0)
+    betas: tuple[float, float] = param((0.9, 0.95))
+    activation_checkpointing: bool = param(False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    source: str = param("synthetic", choices=("synthetic", "tokens", "text"))
+    path: str = param("", doc="tokens: .npy/.bin of token ids; text: a UTF-8 file")
+    synthetic_entropy_bits: float = param(
+        2.0, gt=0, doc="synthetic corpus: entropy per token of the generating process"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime behaviour (what calibration fits)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeRuntime:
+    efficiency_forward: float = param(0.5, gt=0, le=1, doc="achieved / peak FLOP/s, forward")
+    efficiency_backward: float = param(0.5, gt=0, le=1, doc="achieved / peak FLOP/s, backward")
+    optimizer_hbm_efficiency: float = param(0.7, gt=0, le=1, doc="optimizer step: achieved HBM")
+    causal_skip: bool = param(True, doc="attention kernels skip the masked half")
+    launch_us_per_unit: float = param(0.0, ge=0, doc="host time to launch one unit's kernels")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommRuntime:
+    collective: str = param("ring", doc="collective algorithm (registry name)")
+    nvlink_efficiency: float = param(0.8, gt=0, le=1, doc="bus bandwidth / NVLink nominal")
+    nic_efficiency: float = param(0.9, gt=0, le=1, doc="bus bandwidth / rail line rate")
+    step_latency_us: float = param(5.0, ge=0, doc="software latency per ring step (NCCL)")
+    launch_us: float = param(10.0, ge=0, doc="fixed cost per collective")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostRuntime:
+    debug_checks: str = param(
+        "off", choices=("off", "detail"),
+        doc="TORCH_DISTRIBUTED_DEBUG=DETAIL: host-side fingerprint all-gather and monitored "
+        "barrier on a gloo group before every collective",
+    )
+    gloo_hop_us: float = param(30.0, ge=0, doc="one gloo TCP message, one hop")
+    gloo_rank0_msg_us: float = param(15.0, ge=0, doc="rank 0's cost per peer in monitoredBarrier")
+    sync_per_phase: bool = param(
+        True, doc="host waits for the GPU at each phase boundary (per-phase timers)"
+    )
+    step_overhead_ms: float = param(0.0, ge=0, doc="per-step host work (data, logging): Other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRuntime:
+    overhead_GiB: float = param(2.0, ge=0, doc="CUDA context, NCCL buffers, allocator slack")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSpec:
+    compute: ComputeRuntime = ComputeRuntime()
+    comm: CommRuntime = CommRuntime()
+    host: HostRuntime = HostRuntime()
+    memory: MemoryRuntime = MemoryRuntime()
+    provenance: dict[str, str] = param(None, doc="where each calibrated number came from")
+
+
+# ---------------------------------------------------------------------------------------------
+# algorithms
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmSpec:
+    name: str = param(choices=tuple(ALGORITHMS))
+    label: str = param("", doc="display name (default: the algorithm's title)")
+    group_nodes: int = param(0, ge=0, doc="fl_*: nodes per federation group")
+    aggregate_every: int = param(0, ge=0, doc="fl_*: K, local steps between FedAvg rounds")
+    shard_size: int = param(0, ge=0, doc="hsdp/fl_hsdp: shard group size (0 = a node)")
+    forward_prefetch: bool = param(False)
+    backward_prefetch: str = param("none", choices=("none", "pre", "post"))
+    fedavg_dtype: str = param("bf16", choices=("bf16", "fp32"))
+
+    def __post_init__(self) -> None:
+        info = algorithm_info(self.name)
+        if info.federated and self.aggregate_every < 1:
+            raise SpecError(
+                f"algorithms.{self.name}.aggregate_every: must be >= 1 for a federated "
+                f"algorithm, got {self.aggregate_every}"
+            )
+        if info.federated and self.group_nodes < 1:
+            raise SpecError(
+                f"algorithms.{self.name}.group_nodes: must be >= 1 for a federated algorithm, "
+                f"got {self.group_nodes}"
+            )
+
+    @property
+    def display(self) -> str:
+        return self.label or algorithm_info(self.name).title
+
+    def plan(self, cluster: ClusterSpec) -> ParallelPlan:
+        return ParallelPlan.for_algorithm(
+            self.name,
+            nodes=cluster.nodes,
+            gpus_per_node=cluster.node.gpus,
+            group_nodes=self.group_nodes or None,
+            shard_size=self.shard_size or None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# stragglers and heterogeneity
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowNode:
+    node: int = param(ge=0)
+    factor: float = param(gt=0, doc="compute time multiplier (2.0 = half speed)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowGpu:
+    rank: int = param(ge=0)
+    factor: float = param(gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DegradedNic:
+    node: int = param(ge=0)
+    factor: float = param(gt=0, le=1, doc="fraction of the rails' bandwidth left")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JitterSpec:
+    distribution: str = param("lognormal", choices=("lognormal", "uniform"))
+    sigma: float = param(0.0, ge=0, doc="lognormal sigma, or uniform half-width")
+    level: str = param("node", choices=("node", "gpu"), doc="one draw per node or per GPU")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerSpec:
+    slow_nodes: tuple[SlowNode, ...] = ()
+    slow_gpus: tuple[SlowGpu, ...] = ()
+    degraded_nics: tuple[DegradedNic, ...] = ()
+    jitter: JitterSpec = JitterSpec()
+
+    @property
+    def any(self) -> bool:
+        return bool(self.slow_nodes or self.slow_gpus or self.degraded_nics or self.jitter.sigma)
+
+
+# ---------------------------------------------------------------------------------------------
+# the scenario
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    version: int = param(SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
+    name: str = param("scenario")
+    description: str = param("")
+    seed: int = param(0, ge=0)
+    cluster: ClusterSpec
+    model: ModelSpec
+    training: TrainingSpec
+    data: DataSpec = DataSpec()
+    runtime: RuntimeSpec = RuntimeSpec()
+    algorithms: tuple[AlgorithmSpec, ...]
+    stragglers: StragglerSpec = StragglerSpec()
+
+    def __post_init__(self) -> None:
+        if not self.algorithms:
+            raise SpecError("algorithms: at least one algorithm is required")
+        names = [a.name for a in self.algorithms]
+        for i, a in enumerate(self.algorithms):
+            if names.count(a.name) > 1 and not a.label:
+                raise SpecError(
+                    f"algorithms[{i}].label: {a.name} appears more than once; give each a label"
+                )
+        for i, a in enumerate(self.algorithms):
+            try:
+                a.plan(self.cluster)
+            except SpecError as exc:
+                raise SpecError(f"algorithms[{i}] ({a.name}): {exc}") from None
+        world = self.cluster.world
+        for s in self.stragglers.slow_nodes + self.stragglers.degraded_nics:
+            if s.node >= self.cluster.nodes:
+                raise SpecError(
+                    f"stragglers: node {s.node} does not exist (cluster has "
+                    f"{self.cluster.nodes} nodes)"
+                )
+        for g in self.stragglers.slow_gpus:
+            if g.rank >= world:
+                raise SpecError(f"stragglers: rank {g.rank} does not exist ({world} GPUs)")
+
+    def algorithm(self, name: str) -> AlgorithmSpec:
+        for a in self.algorithms:
+            if a.name == name or a.label == name:
+                return a
+        valid = ", ".join(a.label or a.name for a in self.algorithms)
+        raise SpecError(f"algorithm {name!r} is not in this scenario; it has: {valid}")
+
+    @property
+    def global_tokens_per_step(self) -> int:
+        return self.cluster.world * self.training.micro_batch * self.training.seq_len
+
+    @property
+    def dataset_sequences(self) -> int:
+        t = self.training
+        return t.dataset_sequences or t.steps * self.cluster.world * t.micro_batch
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def _read_yaml(path: Path, where: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{where}: file not found: {path}") from None
+    except OSError as exc:
+        raise SpecError(f"{where}: cannot read {path}: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{path}:{at}: invalid YAML: {problem}") from None
+
+
+def _deep_merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _deep_merge(base.get(k), v) if k in base else v
+        return out
+    return copy.deepcopy(over)
+
+
+def resolve_includes(data: Any, base_dir: Path, where: str = "", depth: int = 0) -> Any:
+    """Replace every mapping's `include: FILE` by that file's mapping merged with its overrides."""
+    if depth > 16:
+        raise SpecError(f"{where or '<top level>'}: include nesting deeper than 16")
+    if isinstance(data, list):
+        return [resolve_includes(v, base_dir, f"{where}[{i}]", depth) for i, v in enumerate(data)]
+    if not isinstance(data, dict):
+        return data
+    out: dict[str, Any] = {}
+    if "include" in data:
+        ref = data["include"]
+        key = f"{where}.include" if where else "include"
+        if not isinstance(ref, str):
+            raise SpecError(f"{key}: expected a file path, got {ref!r}")
+        path = (base_dir / ref).resolve()
+        included = _read_yaml(path, key)
+        if not isinstance(included, dict):
+            raise SpecError(f"{key}: {ref} does not hold a mapping")
+        out = resolve_includes(included, path.parent, where, depth + 1)
+    for k, v in data.items():
+        if k == "include":
+            continue
+        sub = f"{where}.{k}" if where else str(k)
+        v = resolve_includes(v, base_dir, sub, depth)
+        out[k] = _deep_merge(out[k], v) if k in out else v
+    return out
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c` (list items by name for `algorithms.fl_fsdp.group_nodes`, or by index)."""
+    keys = dotted.split(".")
+    cur: Any = data
+    for i, key in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(cur, list):
+            match = None
+            if key.isdigit() and int(key) < len(cur):
+                match = int(key)
+            else:
+                for j, item in enumerate(cur):
+                    if isinstance(item, dict) and key in (item.get("name"), item.get("label")):
+                        match = j
+                        break
+            if match is None:
+                raise SpecError(f"{dotted}: no list item {key!r}")
+            if last:
+                cur[match] = value
+            else:
+                cur = cur[match]
+            continue
+        if not isinstance(cur, dict):
+            raise SpecError(f"{dotted}: {'.'.join(keys[:i])} is not a mapping")
+        if last:
+            cur[key] = value
+        else:
+            if key not in cur or cur[key] is None:
+                cur[key] = {}
+            cur = cur[key]
+
+
+def scenario_from_dict(data: Any, *, where: str = "") -> Scenario:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where or 'scenario'}: expected a mapping at the top level")
+    return build(Scenario, data, "")
+
+
+def load_scenario_data(path: str | Path, overrides: Mapping[str, Any] | None = None) -> dict:
+    """The scenario file as plain data, includes resolved and overrides applied (not validated)."""
+    p = Path(path)
+    data = _read_yaml(p, "scenario")
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    data = resolve_includes(data, p.parent.resolve())
+    for dotted, value in (overrides or {}).items():
+        set_dotted(data, dotted, value)
+    return data
+
+
+def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Parse and validate a scenario file. Raises SpecError with a one-line message."""
+    return scenario_from_dict(load_scenario_data(path, overrides), where=str(path))

@@ -1,0 +1,197 @@
+"""The trace schema shared by simulated and real runs: spans per rank, JSONL, Chrome/Perfetto export.
+
+A trace file is JSON Lines. The first line is a header:
+    {"schema": "simfed-trace", "version": 1, "meta": {...}}
+(meta: source "simfed" or "realrun", algorithm, backend, device, world_size, cores, threads, ...).
+Every other line is one span:
+    {"name", "cat", "rank", "step", "start_s", "dur_s", "nbytes", "group", "stream", "attrs"}
+- cat: "compute" | "comm" | "host" | "phase" | "step"
+- name: for comm, the operation: all_gather, reduce_scatter, all_reduce, barrier, ...;
+  for phase: forward, backward, optimizer, aggregation, other
+- group: the process-group kind (mesh dimension): shard, replicate, fed, world, or ""
+- attrs: optional extras (group_size, ranks, unit, ...)
+Writers flush line by line, so a killed process leaves a readable prefix; readers skip a torn
+last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .schema import SpecError
+
+TRACE_SCHEMA = "simfed-trace"
+TRACE_VERSION = 1
+CATEGORIES = ("compute", "comm", "host", "phase", "step")
+PHASES = ("forward", "backward", "optimizer", "aggregation", "other")
+
+
+@dataclass(slots=True)
+class Span:
+    name: str
+    cat: str
+    rank: int
+    step: int
+    start_s: float
+    dur_s: float
+    nbytes: int = 0
+    group: str = ""
+    stream: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.dur_s
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        if not d["attrs"]:
+            del d["attrs"]
+        return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "span") -> Span:
+        try:
+            return cls(
+                name=str(d["name"]), cat=str(d["cat"]), rank=int(d["rank"]), step=int(d["step"]),
+                start_s=float(d["start_s"]), dur_s=float(d["dur_s"]),
+                nbytes=int(d.get("nbytes", 0)), group=str(d.get("group", "")),
+                stream=str(d.get("stream", "")), attrs=dict(d.get("attrs") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecError(f"{where}: malformed span ({exc.__class__.__name__}: {exc})") from None
+
+
+def header_line(meta: dict[str, Any]) -> str:
+    return json.dumps(
+        {"schema": TRACE_SCHEMA, "version": TRACE_VERSION, "meta": meta},
+        separators=(",", ":"), sort_keys=True,
+    )
+
+
+class TraceWriter:
+    """Append spans to a JSONL trace, one flushed line each (crash-safe prefix)."""
+
+    def __init__(self, path: str | Path, meta: dict[str, Any], *, fsync: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._fsync = fsync
+        self._write(header_line(meta))
+
+    def _write(self, line: str) -> None:
+        self._fh.write(line + "\n")
+        self._fh.flush()
+        if self._fsync:
+            os.fsync(self._fh.fileno())
+
+    def write(self, span: Span) -> None:
+        self._write(span.to_json())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_trace(path: str | Path, meta: dict[str, Any], spans: Iterable[Span]) -> Path:
+    """Write a whole trace atomically (temporary file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(header_line(meta) + "\n")
+        for s in spans:
+            fh.write(s.to_json() + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
+    """Yield the header's meta dict first, then spans. A torn final line is skipped."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError:
+        raise SpecError(f"trace not found: {path}") from None
+    if not lines or not lines[0].strip():
+        raise SpecError(f"{path}: empty trace file (no header line)")
+    try:
+        head = json.loads(lines[0])
+    except json.JSONDecodeError:
+        raise SpecError(f"{path}:1: the header is not JSON") from None
+    if head.get("schema") != TRACE_SCHEMA:
+        raise SpecError(f"{path}:1: schema is {head.get('schema')!r}, expected {TRACE_SCHEMA!r}")
+    if int(head.get("version", 0)) > TRACE_VERSION:
+        raise SpecError(f"{path}:1: trace version {head.get('version')} is newer than "
+                        f"{TRACE_VERSION}")
+    yield dict(head.get("meta") or {})
+    body = [ln for ln in lines[1:]]
+    last = max((i for i, ln in enumerate(body) if ln.strip()), default=-1)
+    for i, line in enumerate(body):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            if i == last:  # torn by a crash mid-write
+                return
+            raise SpecError(f"{path}:{i + 2}: not JSON") from None
+        yield Span.from_dict(d, f"{path}:{i + 2}")
+
+
+def read_trace(path: str | Path) -> tuple[dict[str, Any], list[Span]]:
+    it = iter_trace(path)
+    meta = next(it)
+    assert isinstance(meta, dict)
+    return meta, [s for s in it if isinstance(s, Span)]
+
+
+def to_chrome(spans: Iterable[Span], meta: dict[str, Any] | None = None,
+              process_name: str | None = None) -> dict[str, Any]:
+    """Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev): one process per rank, one
+    thread per stream, complete ("X") events in microseconds."""
+    events: list[dict[str, Any]] = []
+    tids: dict[tuple[int, str], int] = {}
+    for s in spans:
+        key = (s.rank, s.stream or s.cat)
+        if key not in tids:
+            tids[key] = len([k for k in tids if k[0] == s.rank])
+            events.append({"ph": "M", "name": "thread_name", "pid": s.rank, "tid": tids[key],
+                           "args": {"name": key[1]}})
+            if tids[key] == 0:
+                label = f"{process_name} rank {s.rank}" if process_name else f"rank {s.rank}"
+                events.append({"ph": "M", "name": "process_name", "pid": s.rank, "tid": 0,
+                               "args": {"name": label}})
+        args: dict[str, Any] = {"step": s.step}
+        if s.nbytes:
+            args["nbytes"] = s.nbytes
+        if s.group:
+            args["group"] = s.group
+        args.update(s.attrs)
+        events.append({
+            "ph": "X", "name": s.name, "cat": s.cat, "pid": s.rank, "tid": tids[key],
+            "ts": round(s.start_s * 1e6, 3), "dur": round(s.dur_s * 1e6, 3), "args": args,
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}}
+
+
+def write_chrome(path: str | Path, spans: Iterable[Span], meta: dict[str, Any] | None = None,
+                 process_name: str | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_chrome(spans, meta, process_name), separators=(",", ":")),
+                   encoding="utf-8")
+    os.replace(tmp, path)
+    return path
