@@ -26,6 +26,62 @@ def main() -> None:
     """Simulate FSDP, HSDP, FL+FSDP and FL+HSDP training on GPU clusters."""
 
 
+def parse_sets(items: tuple[str, ...]) -> dict[str, object]:
+    """`--set cluster.nodes=64` -> {"cluster.nodes": 64} (values parsed as YAML scalars)."""
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in items:
+        if "=" not in item:
+            raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. cluster.nodes=64")
+        key, _, raw = item.partition("=")
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise SpecError(f"--set {key}: cannot parse value {raw!r}") from None
+    return out
+
+
+_SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                    help="Override a scenario value, e.g. --set cluster.nodes=64 "
+                         "--set algorithms.fl_fsdp.aggregate_every=4")
+
+
+@main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results JSON.")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False),
+              help="Write per-algorithm JSONL traces and Chrome/Perfetto traces here.")
+@click.option("--trace-steps", type=int, default=None, help="Trace only the first N steps.")
+@click.option("--algorithm", "-a", "algorithms", multiple=True,
+              help="Simulate only these algorithms (names or labels).")
+@click.option("--seed", type=int, default=None, help="Override the scenario seed.")
+@click.option("--quiet", "-q", is_flag=True, help="No table on stdout.")
+@_SET
+def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps: int | None,
+        algorithms: tuple[str, ...], seed: int | None, quiet: bool,
+        sets: tuple[str, ...]) -> None:
+    """Simulate every algorithm of SCENARIO and compare them."""
+    from .analysis.report import print_report, write_json, write_traces
+    from .engine import simulate
+    from .spec import load_scenario
+
+    overrides = parse_sets(sets)
+    if seed is not None:
+        overrides["seed"] = seed
+    scn = load_scenario(scenario, overrides)
+    out, spans = simulate(scn, algorithms=list(algorithms) or None, trace=bool(trace_dir),
+                          trace_steps=trace_steps)
+    if not quiet:
+        print_report(out)
+    if json_path:
+        write_json(json_path, out)
+        click.echo(f"wrote {json_path}")
+    if trace_dir:
+        for p in write_traces(trace_dir, out, spans):
+            click.echo(f"wrote {p}")
+
+
 @main.command()
 def schema() -> None:
     """Print every scenario key with its type, default and meaning."""
@@ -33,3 +89,7 @@ def schema() -> None:
     from .spec.schema import describe
 
     click.echo(describe(Scenario))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""A Llama-family decoder from its dimensions: parameters, bytes, FLOPs and activations per FSDP unit.
+"""A Llama-family decoder from its dimensions: parameters, bytes, FLOPs and activations per unit.
 
 FSDP units follow the paper's wrapping: one unit per decoder layer plus a root unit holding the
 token embedding, the final RMSNorm and the output head (tied to the embedding or not).

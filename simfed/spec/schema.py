@@ -33,7 +33,8 @@ def param(
     doc: str = "",
 ) -> Any:
     """A dataclass field with validation metadata (bounds, choices) and a one-line doc."""
-    meta = {"gt": gt, "ge": ge, "le": le, "choices": tuple(choices) if choices else None, "doc": doc}
+    meta = {"gt": gt, "ge": ge, "le": le, "doc": doc,
+            "choices": tuple(choices) if choices else None}
     if default is _MISSING:
         return dataclasses.field(metadata=meta)
     if isinstance(default, (list, dict, set)):
@@ -70,7 +71,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
                 return _convert(arg, value, path)
             except SpecError as exc:
                 errors.append(str(exc))
-        raise SpecError(errors[0] if len(errors) == 1 else f"{path}: unexpected value {_fmt(value)}")
+        if len(errors) == 1:
+            raise SpecError(errors[0])
+        raise SpecError(f"{path}: unexpected value {_fmt(value)}")
     if origin is typing.Literal:
         if value not in get_args(tp):
             valid = ", ".join(map(str, get_args(tp)))
@@ -84,7 +87,8 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             return tuple(_convert(args[0], v, _join(path, i)) for i, v in enumerate(value))
         if len(args) != len(value):
             raise SpecError(f"{path}: expected {len(args)} items, got {len(value)}")
-        return tuple(_convert(a, v, _join(path, i)) for i, (a, v) in enumerate(zip(args, value)))
+        pairs = enumerate(zip(args, value, strict=True))
+        return tuple(_convert(a, v, _join(path, i)) for i, (a, v) in pairs)
     if origin is dict or tp is dict:
         kt, vt = get_args(tp) or (str, Any)
         if not isinstance(value, dict):
@@ -177,7 +181,7 @@ def to_plain(obj: Any) -> Any:
 
 
 def describe(cls: type, indent: int = 0) -> str:
-    """Human-readable reference of a spec class: keys, types, defaults, docs (for `simfed schema`)."""
+    """Reference of a spec class: keys, types, defaults and docs (for `simfed schema`)."""
     lines = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

@@ -1,4 +1,4 @@
-"""The trace schema shared by simulated and real runs: spans per rank, JSONL, Chrome/Perfetto export.
+"""The trace schema shared by simulated and real runs: spans per rank, JSONL, Chrome export.
 
 A trace file is JSON Lines. The first line is a header:
     {"schema": "simfed-trace", "version": 1, "meta": {...}}

@@ -43,5 +43,5 @@ def test_flops_per_token_is_6n_plus_attention():
 
 
 def test_bad_head_split_names_the_numbers():
-    with pytest.raises(SpecError, match="4096 is not divisible by model.heads 30"):
+    with pytest.raises(SpecError, match=r"4096 is not divisible by model\.heads 30"):
         llama8b(heads=30)

@@ -1,0 +1,1 @@
+"""Reading simulation results: tables, explanations, JSON and trace output."""

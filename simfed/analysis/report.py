@@ -1,0 +1,138 @@
+"""Results as a person reads them: a table per scenario, where the time goes, and why one
+algorithm beats another; plus deterministic JSON and trace files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..spec.trace import Span, write_chrome, write_trace
+
+PHASE_ORDER = ("forward", "backward", "optimizer", "aggregation", "other")
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_s(t: float) -> str:
+    if t >= 100:
+        return f"{t:,.0f} s"
+    if t >= 1:
+        return f"{t:.2f} s"
+    return f"{t * 1e3:.0f} ms" if t >= 1e-3 else f"{t * 1e6:.0f} us"
+
+
+def results_table(out: dict[str, Any]) -> Table:
+    algs = out["algorithms"]
+    t = Table(title=f"{out['scenario']}: {out['model']['name']} on {out['cluster']['world']} x "
+                    f"{out['cluster']['gpu']} ({out['cluster']['nodes']} nodes)",
+              show_lines=False, header_style="bold")
+    t.add_column("", style="bold")
+    for a in algs:
+        t.add_column(a["label"], justify="right")
+
+    def row(name: str, fn) -> None:
+        t.add_row(name, *[fn(a) for a in algs])
+
+    row("plan (groups x repl x shard)",
+        lambda a: f"{a['plan']['groups']} x {a['plan']['replicate']} x {a['plan']['shard']}")
+    row("models / seqs per step per model",
+        lambda a: f"{a['models']} / {a['global_batch_sequences']}")
+    row("step time", lambda a: fmt_s(a["step_time_s"]))
+    row(f"speedup vs {algs[0]['label']}", lambda a: f"{a['speedup']:.2f}x")
+    row("tokens/s (cluster)", lambda a: f"{a['tokens_per_s']:,.0f}")
+    row("tokens/s per GPU", lambda a: f"{a['tokens_per_s_per_gpu']:,.0f}")
+    row("samples/s", lambda a: f"{a['samples_per_s']:,.1f}")
+    row("MFU", lambda a: f"{100 * a['mfu']:.1f}%")
+    for p in PHASE_ORDER:
+        row(f"  {p}", lambda a, p=p: fmt_s(a["phases_s"][p]))
+    row("  aggregation per event",
+        lambda a: fmt_s(a["aggregation_per_event_s"]) if a["aggregations"] else "-")
+    row("aggregations", lambda a: str(a["aggregations"]) if a["aggregations"] else "-")
+    row("GPU compute per step", lambda a: fmt_s(a["compute_s"]))
+    row("exposed communication", lambda a: fmt_s(a["exposed_comm_s"]))
+    row("host debug checks per step",
+        lambda a: fmt_s(a["debug_checks_s"]) if a["debug_checks_s"] else "-")
+    for k, label in (("nvlink", "NVLink bytes/step"), ("inter_node", "inter-node bytes/step"),
+                     ("leaf_uplink", "leaf-uplink bytes/step"), ("global", "global bytes/step")):
+        if any(a["bytes_by_link"].get(k, 0) for a in algs):
+            row(label, lambda a, k=k: fmt_bytes(a["bytes_by_link"][k]))
+    row("peak memory / GPU",
+        lambda a: f"{a['peak_memory_bytes'] / 2**30:.1f} GiB"
+        + ("" if a["fits"] else " (DOES NOT FIT)"))
+    row("epoch (data set) time", lambda a: fmt_s(a["epoch_time_s"]))
+    return t
+
+
+def explain(out: dict[str, Any]) -> list[str]:
+    """One line per algorithm on where its step time goes, and what a speedup comes from."""
+    lines = []
+    algs = out["algorithms"]
+    base = algs[0]
+    for a in algs:
+        step = a["step_time_s"]
+        host = a["debug_checks_s"]
+        gpu_bound = a["compute_s"] + a["exposed_comm_s"]
+        parts = [f"compute {100 * a['compute_s'] / step:.0f}%",
+                 f"exposed comm {100 * a['exposed_comm_s'] / step:.0f}%"]
+        if a["aggregations"]:
+            parts.append(f"FedAvg {100 * a['phases_s']['aggregation'] / step:.0f}%")
+        if host > gpu_bound:
+            parts.append(f"HOST-BOUND: {fmt_s(host)} of debug checks per step")
+        line = f"{a['label']}: {fmt_s(step)}/step = " + ", ".join(parts)
+        if a is not base:
+            diffs = {p: base["phases_s"][p] - a["phases_s"][p] for p in PHASE_ORDER}
+            saved = base["step_time_s"] - step
+            if saved > 0:
+                top = sorted(diffs.items(), key=lambda kv: -kv[1])[:2]
+                line += f"; {a['speedup']:.2f}x vs {base['label']}: saves " + ", ".join(
+                    f"{fmt_s(v)} in {p}" for p, v in top if v > 0)
+        lines.append(line)
+    return lines
+
+
+def print_report(out: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(results_table(out))
+    for line in explain(out):
+        console.print("  " + line, highlight=False)
+
+
+def dumps(out: dict[str, Any]) -> str:
+    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+
+
+def write_json(path: str | Path, out: dict[str, Any]) -> Path:
+    """Atomic write: a crash never leaves a half-written file in place of a good one."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dumps(out), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_traces(directory: str | Path, out: dict[str, Any],
+                 spans: dict[str, list[Span]]) -> list[Path]:
+    directory = Path(directory)
+    written = []
+    for label, sp in spans.items():
+        alg = next(a for a in out["algorithms"] if a["label"] == label or a["name"] == label)
+        meta = {"source": "simfed", "scenario": out["scenario"], "algorithm": alg["name"],
+                "label": alg["label"], "world_size": out["cluster"]["world"],
+                "note": "one rank per actor (class of identical ranks); attrs.ranks = class size"}
+        stem = alg["label"].lower().replace("+", "_").replace(" ", "_")
+        written.append(write_trace(directory / f"{stem}.jsonl", meta, sp))
+        written.append(write_chrome(directory / f"{stem}.trace.json", sp, meta,
+                                    process_name=alg["label"]))
+    return written

@@ -1,0 +1,34 @@
+"""GPU compute time: forward and backward per FSDP unit from FLOPs at a calibrated efficiency,
+and the optimizer step from the bytes it reads and writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import Hardware
+from .spec.model import ModelSpec, UnitSpec
+from .spec.scenario import ComputeRuntime, TrainingSpec
+from .spec.units import dtype_nbytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeModel:
+    hw: Hardware
+    rt: ComputeRuntime
+    tokens_per_gpu: int  # micro_batch x seq_len per step
+
+    def forward_s(self, unit: UnitSpec) -> float:
+        flops = unit.fwd_flops_per_token * self.tokens_per_gpu
+        return flops / (self.hw.peak_flops * self.rt.efficiency_forward)
+
+    def backward_s(self, unit: UnitSpec) -> float:
+        flops = unit.bwd_flops_per_token * self.tokens_per_gpu
+        return flops / (self.hw.peak_flops * self.rt.efficiency_backward)
+
+    def optimizer_s(self, shard_params: float, model: ModelSpec, train: TrainingSpec) -> float:
+        """AdamW over the local shard reads param, grad, m, v and writes param, m, v
+        (SGD: reads param and grad, writes param)."""
+        p = model.dtype_nbytes
+        s = dtype_nbytes(train.optimizer_state_dtype)
+        per_param = 2 * p + p + 4 * s if train.optimizer == "adamw" else 3 * p
+        return shard_params * per_param / (self.hw.hbm_Bps * self.rt.optimizer_hbm_efficiency)

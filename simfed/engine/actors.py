@@ -1,0 +1,177 @@
+"""Actors: classes of ranks whose timelines are identical, simulated once each.
+
+A homogeneous cluster has one actor per algorithm however many GPUs it has: every rank computes
+the same units in the same time and takes part in symmetric collectives. Stragglers, jitter and
+degraded links break that symmetry; the partition is then refined (as in bisimulation) until two
+ranks share an actor only if they have the same compute factors and their process groups contain
+the same actors. Collectives rendezvous per *component*: the actors joined by the instances of one
+process-group kind.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..spec.plan import PG_KINDS, ParallelPlan
+from ..spec.scenario import StragglerSpec
+
+
+@dataclass
+class Actor:
+    index: int
+    ranks: tuple[int, ...]
+    factors: np.ndarray  # compute-time multiplier per step
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[0]
+
+    @property
+    def multiplicity(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass
+class Component:
+    """Actors that rendezvous on a process-group kind, and the group instances they form."""
+
+    kind: str
+    index: int
+    actors: tuple[int, ...]
+    instances: tuple[tuple[int, ...], ...]
+    size: int  # ranks per instance
+
+
+@dataclass
+class Partition:
+    actors: list[Actor]
+    actor_of_rank: list[int]
+    node_class: list[int]  # node -> class of equivalent nodes (for link classes)
+    nic_factor_of_class: list[float]
+    components: dict[str, list[Component]] = field(default_factory=dict)
+    component_of: dict[str, list[int]] = field(default_factory=dict)  # kind -> actor -> comp
+
+
+def rank_factors(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int
+                 ) -> tuple[list[tuple], dict[tuple, np.ndarray]]:
+    """Per rank, a hashable key of its compute-factor sequence, and the sequences by key."""
+    node_f = defaultdict(lambda: 1.0)
+    for s in strag.slow_nodes:
+        node_f[s.node] *= s.factor
+    gpu_f = defaultdict(lambda: 1.0)
+    for s in strag.slow_gpus:
+        gpu_f[s.rank] *= s.factor
+    j = strag.jitter
+    draws: dict[int, np.ndarray] = {}
+    if j.sigma > 0:
+        rng = np.random.default_rng(seed)
+        count = plan.world if j.level == "gpu" else plan.nodes
+        if j.distribution == "lognormal":
+            # mean-one lognormal: exp(N(-sigma^2/2, sigma))
+            m = rng.normal(-j.sigma**2 / 2, j.sigma, size=(count, steps))
+            table = np.exp(m)
+        else:
+            table = rng.uniform(1 - j.sigma, 1 + j.sigma, size=(count, steps))
+            table = np.maximum(table, 1e-3)
+        draws = {i: table[i] for i in range(count)}
+    keys: list[tuple] = []
+    seqs: dict[tuple, np.ndarray] = {}
+    for r in range(plan.world):
+        node = plan.node_of(r)
+        static = node_f[node] * gpu_f[r]
+        jid = (r if j.level == "gpu" else node) if draws else None
+        key = (static, jid)
+        if key not in seqs:
+            base = np.full(steps, static)
+            seqs[key] = base * draws[jid] if jid is not None else base
+        keys.append(key)
+    return keys, seqs
+
+
+def partition(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int,
+              kinds: tuple[str, ...] = PG_KINDS) -> Partition:
+    keys, seqs = rank_factors(plan, strag, steps, seed)
+    nic_f = defaultdict(lambda: 1.0)
+    for d in strag.degraded_nics:
+        nic_f[d.node] *= d.factor
+    world = plan.world
+    groups = {k: [plan.group_of(k, r) for r in range(world)] for k in kinds}
+    # initial classes: compute factors and the NIC health of the rank's node
+    label = _relabel([(keys[r], nic_f[plan.node_of(r)]) for r in range(world)])
+    while True:
+        sig = []
+        for r in range(world):
+            parts: list = [label[r]]
+            for k in kinds:
+                parts.append(tuple(sorted({label[x] for x in groups[k][r]})))
+            sig.append(tuple(parts))
+        new = _relabel(sig)
+        if max(new) == max(label):
+            break
+        label = new
+    by_label: dict[int, list[int]] = defaultdict(list)
+    for r, lab in enumerate(label):
+        by_label[lab].append(r)
+    actors = []
+    actor_of_rank = [0] * world
+    for i, lab in enumerate(sorted(by_label, key=lambda x: by_label[x][0])):
+        ranks = tuple(by_label[lab])
+        for r in ranks:
+            actor_of_rank[r] = i
+        actors.append(Actor(index=i, ranks=ranks, factors=seqs[keys[ranks[0]]]))
+    # node classes: nodes holding the same actors with the same NIC health
+    gpn = plan.gpus_per_node
+    node_sig = [
+        (tuple(sorted({actor_of_rank[n * gpn + i] for i in range(gpn)})), nic_f[n])
+        for n in range(plan.nodes)
+    ]
+    node_class = _relabel(node_sig)
+    nic_of_class = [1.0] * (max(node_class) + 1)
+    for n, c in enumerate(node_class):
+        nic_of_class[c] = nic_f[n]
+    part = Partition(actors=actors, actor_of_rank=actor_of_rank, node_class=node_class,
+                     nic_factor_of_class=nic_of_class)
+    for k in kinds:
+        _components(part, plan, k)
+    return part
+
+
+def _relabel(items: list) -> list[int]:
+    ids: dict = {}
+    return [ids.setdefault(x, len(ids)) for x in items]
+
+
+def _components(part: Partition, plan: ParallelPlan, kind: str) -> None:
+    """Union-find actors over the instances of a process-group kind."""
+    parent = list(range(len(part.actors)))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    instances = plan.process_groups[kind]
+    for inst in instances:
+        first = find(part.actor_of_rank[inst[0]])
+        for r in inst[1:]:
+            other = find(part.actor_of_rank[r])
+            if other != first:
+                parent[other] = first
+    comp_insts: dict[int, list[tuple[int, ...]]] = defaultdict(list)
+    for inst in instances:
+        comp_insts[find(part.actor_of_rank[inst[0]])].append(inst)
+    comps = []
+    comp_of = [0] * len(part.actors)
+    for ci, root in enumerate(sorted(comp_insts)):
+        members = tuple(sorted({a for a in range(len(part.actors)) if find(a) == root}))
+        for a in members:
+            comp_of[a] = ci
+        insts = tuple(comp_insts[root])
+        comps.append(Component(kind=kind, index=ci, actors=members, instances=insts,
+                               size=len(insts[0])))
+    part.components[kind] = comps
+    part.component_of[kind] = comp_of

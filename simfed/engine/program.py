@@ -1,0 +1,188 @@
+"""The per-step program each rank's host thread issues, as FSDP1 issues it.
+
+An op goes to one GPU stream (compute, or the stream of one process group's communicator: shard,
+replicate, fed) in host order; ops on a stream run in issue order; `deps` are cross-stream waits
+(CUDA events). Host-only ops model per-step host work and host/GPU synchronisation points.
+
+FSDP1 (FULL_SHARD / HYBRID_SHARD) as the paper's code configures it:
+- forward, per unit: all-gather (pre-forward), forward compute, reshard (free) after forward; the
+  root unit (embedding, norm, head) stays unsharded until the end of backward. With
+  forward_prefetch the next unit's all-gather is issued before this unit's compute.
+- backward, per unit in reverse: all-gather (pre-backward hook), backward compute, reduce-scatter
+  (post-backward hook); HYBRID_SHARD then all-reduces the gradient shard over the replica group
+  on its own stream after the reduce-scatter. Without backward prefetch the next unit's
+  all-gather is issued after this unit's reduce-scatter on the same communicator, so it waits for
+  it: backward communication serialises with compute. `pre` issues it before this unit's
+  compute; `post` after the compute but before the reduce-scatter.
+- optimizer step after every gradient is reduced; FedAvg (federated algorithms, every K steps):
+  one all-reduce of the local parameter shard over the fed group after the optimizer, blocking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..spec.plan import FED, REPLICATE, SHARD
+from ..spec.scenario import AlgorithmSpec, HostRuntime
+from ..spec.trace import PHASES
+from ..spec.units import dtype_nbytes
+
+COMPUTE, COLL, SYNC, HOSTWORK = 0, 1, 2, 3
+STREAMS = ("compute", SHARD, REPLICATE, FED)
+STREAM_OF = {name: i for i, name in enumerate(STREAMS)}
+FWD, BWD, OPT, AGG, OTHER = (PHASES.index(p) for p in
+                             ("forward", "backward", "optimizer", "aggregation", "other"))
+
+
+@dataclass(slots=True)
+class Op:
+    idx: int
+    kind: int
+    stream: int  # index into STREAMS; -1 for host-only ops
+    phase: int
+    name: str
+    unit: int = -1
+    deps: tuple[int, ...] = ()
+    waits: tuple[int, ...] = ()  # SYNC: ops the host waits for
+    duration_s: float = 0.0  # COMPUTE (before the straggler factor) and HOSTWORK
+    host_s: float = 0.0  # host time to issue the op
+    coll: str = ""  # all_gather | reduce_scatter | all_reduce
+    pg: str = ""  # process-group kind
+    nbytes: int = 0  # S: gathered / unreduced / reduced buffer size
+    alloc_unit: int = -1  # unsharded buffer of this unit allocated when the op starts
+    free_unit: int = -1  # ... and freed when it ends
+    after_prev_step: bool = False  # waits for the previous step's last op (parameter update)
+
+
+@dataclass
+class Program:
+    ops: list[Op]
+    stream_ops: list[list[Op]] = field(default_factory=list)
+    last: int = -1  # index of the op that ends the step on the GPU
+
+    def __post_init__(self) -> None:
+        self.stream_ops = [[o for o in self.ops if o.stream == s] for s in range(len(STREAMS))]
+        self.last = max(
+            (o.idx for o in self.ops if o.kind in (COMPUTE, COLL)), default=-1
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimes:
+    """What the program builder needs to know about units and the plan."""
+
+    forward_s: tuple[float, ...]  # per unit, root first
+    backward_s: tuple[float, ...]
+    unit_nbytes: tuple[int, ...]
+    optimizer_s: float
+    shard: int
+    replicate: int
+    groups: int
+    shard_params: int
+
+
+def build_program(
+    alg: AlgorithmSpec, t: StepTimes, host: HostRuntime,
+    launch_s_per_unit: float, aggregate: bool,
+) -> Program:
+    ops: list[Op] = []
+
+    def add(**kw) -> Op:
+        op = Op(idx=len(ops), **kw)
+        ops.append(op)
+        return op
+
+    n_units = len(t.unit_nbytes)
+    layers = list(range(1, n_units))
+    sharded = t.shard > 1
+    hybrid = t.replicate > 1
+
+    def all_gather(unit: int, phase: int) -> Op | None:
+        """Unshard a unit; the compute op that consumes it frees it (reshard)."""
+        if not sharded:
+            return None
+        # the step's first all-gather reads parameters the previous step's update wrote
+        return add(kind=COLL, stream=STREAM_OF[SHARD], phase=phase, name=f"all_gather u{unit}",
+                   unit=unit, coll="all_gather", pg=SHARD, nbytes=t.unit_nbytes[unit],
+                   alloc_unit=unit, after_prev_step=unit == 0 and phase == FWD)
+
+    # ---- other: per-step host work (data loading, logging) ----------------------------
+    if host.step_overhead_ms > 0:
+        add(kind=HOSTWORK, stream=-1, phase=OTHER, name="step overhead",
+            duration_s=host.step_overhead_ms * 1e-3)
+
+    # ---- forward ------------------------------------------------------------------------
+    ag_fwd: dict[int, Op | None] = {0: all_gather(0, FWD)}
+    for i in layers:
+        if i not in ag_fwd:
+            ag_fwd[i] = all_gather(i, FWD)
+        if alg.forward_prefetch and i + 1 < n_units and i + 1 not in ag_fwd:
+            ag_fwd[i + 1] = all_gather(i + 1, FWD)
+        ag = ag_fwd[i]
+        add(kind=COMPUTE, stream=0, phase=FWD, name=f"forward u{i}", unit=i,
+            deps=(ag.idx,) if ag else (), duration_s=t.forward_s[i], host_s=launch_s_per_unit,
+            free_unit=i if sharded else -1)
+    ag0 = ag_fwd[0]
+    head = add(kind=COMPUTE, stream=0, phase=FWD, name="forward root (head, loss)", unit=0,
+               deps=(ag0.idx,) if ag0 else (), duration_s=t.forward_s[0],
+               host_s=launch_s_per_unit)
+    if host.sync_per_phase:
+        add(kind=SYNC, stream=-1, phase=FWD, name="loss.item()", waits=(head.idx,))
+
+    # ---- backward -----------------------------------------------------------------------
+    bwd_root = add(kind=COMPUTE, stream=0, phase=BWD, name="backward root (head)", unit=0,
+                   duration_s=t.backward_s[0], host_s=launch_s_per_unit)
+    reduced: list[int] = []
+    ag_bwd: dict[int, Op | None] = {}
+
+    def reduce(unit: int, after: Op) -> None:
+        if sharded:
+            rs = add(kind=COLL, stream=STREAM_OF[SHARD], phase=BWD, name=f"reduce_scatter u{unit}",
+                     unit=unit, deps=(after.idx,), coll="reduce_scatter", pg=SHARD,
+                     nbytes=t.unit_nbytes[unit])
+            last = rs
+        else:
+            last = after
+        if hybrid:
+            ar = add(kind=COLL, stream=STREAM_OF[REPLICATE], phase=BWD,
+                     name=f"all_reduce u{unit}", unit=unit, deps=(last.idx,), coll="all_reduce",
+                     pg=REPLICATE, nbytes=-(-t.unit_nbytes[unit] // t.shard))
+            last = ar
+        reduced.append(last.idx)
+
+    prev_b = bwd_root
+    for i in reversed(layers):
+        if i not in ag_bwd:
+            ag_bwd[i] = all_gather(i, BWD)
+        if alg.backward_prefetch == "pre" and i - 1 >= 1 and i - 1 not in ag_bwd:
+            ag_bwd[i - 1] = all_gather(i - 1, BWD)
+        ag = ag_bwd[i]
+        b = add(kind=COMPUTE, stream=0, phase=BWD, name=f"backward u{i}", unit=i,
+                deps=(ag.idx,) if ag else (), duration_s=t.backward_s[i],
+                host_s=launch_s_per_unit, free_unit=i if sharded else -1)
+        if alg.backward_prefetch == "post" and i - 1 >= 1 and i - 1 not in ag_bwd:
+            ag_bwd[i - 1] = all_gather(i - 1, BWD)
+        reduce(i, b)
+        prev_b = b
+    # the root's gradient (embedding, tied head) is complete after the embedding backward
+    embed = add(kind=COMPUTE, stream=0, phase=BWD, name="backward root (embedding)", unit=0,
+                deps=(prev_b.idx,), duration_s=0.0, free_unit=0 if sharded else -1)
+    reduce(0, embed)
+    if host.sync_per_phase:
+        add(kind=SYNC, stream=-1, phase=BWD, name="backward done", waits=tuple(reduced))
+
+    # ---- optimizer ----------------------------------------------------------------------
+    opt = add(kind=COMPUTE, stream=0, phase=OPT, name="optimizer step", deps=tuple(reduced),
+              duration_s=t.optimizer_s, host_s=launch_s_per_unit)
+    if host.sync_per_phase:
+        add(kind=SYNC, stream=-1, phase=OPT, name="optimizer done", waits=(opt.idx,))
+
+    # ---- aggregation (FedAvg) -----------------------------------------------------------
+    if aggregate and t.groups > 1:
+        nbytes = t.shard_params * dtype_nbytes(alg.fedavg_dtype)
+        agg = add(kind=COLL, stream=STREAM_OF[FED], phase=AGG, name="fedavg all_reduce",
+                  deps=(opt.idx,), coll="all_reduce", pg=FED, nbytes=nbytes)
+        avg = add(kind=COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
+                  duration_s=0.0)
+        add(kind=SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
+    return Program(ops)

@@ -1,0 +1,234 @@
+"""Simulate a scenario: every algorithm, its timeline, and the numbers users read off it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..compute import ComputeModel
+from ..hardware import Hardware
+from ..memory import memory_breakdown
+from ..network.links import LINK_KINDS
+from ..spec.algorithms import algorithm_info
+from ..spec.plan import PG_KINDS
+from ..spec.scenario import AlgorithmSpec, Scenario
+from ..spec.schema import SpecError
+from ..spec.trace import PHASES, Span
+from ..spec.units import us_to_s
+from .actors import partition
+from .program import HOSTWORK, StepTimes, build_program
+from .sim import Simulation
+
+
+@dataclass
+class AlgorithmRun:
+    """One algorithm's simulated run: the JSON-ready numbers and (optionally) its spans."""
+
+    result: dict[str, Any]
+    spans: list[Span] = field(default_factory=list)
+    events: int = 0
+
+
+def aggregate_steps(steps: int, every: int) -> set[int]:
+    """Steps (0-based) after which FedAvg runs: every K local steps and after the last step
+    (the paper's code: `(step + 1) % K == 0 or step + 1 == total`)."""
+    if every < 1:
+        return set()
+    return {s for s in range(steps) if (s + 1) % every == 0 or s == steps - 1}
+
+
+def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False,
+                       trace_steps: int | None = None) -> AlgorithmRun:
+    info = algorithm_info(alg.name)
+    hw = Hardware.from_spec(scn.cluster, scn.runtime)
+    plan = alg.plan(scn.cluster)
+    train, model = scn.training, scn.model
+    steps = train.steps
+    tokens_gpu = train.micro_batch * train.seq_len
+    cm = ComputeModel(hw=hw, rt=scn.runtime.compute, tokens_per_gpu=tokens_gpu)
+    units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
+    shard_params = -(-model.total_params // plan.shard)
+    times = StepTimes(
+        forward_s=tuple(cm.forward_s(u) for u in units),
+        backward_s=tuple(cm.backward_s(u) for u in units),
+        unit_nbytes=tuple(u.nbytes for u in units),
+        optimizer_s=cm.optimizer_s(shard_params, model, train),
+        shard=plan.shard, replicate=plan.replicate, groups=plan.groups,
+        shard_params=shard_params,
+    )
+    launch_s = us_to_s(scn.runtime.compute.launch_us_per_unit)
+    agg_steps = (aggregate_steps(steps, alg.aggregate_every)
+                 if info.federated and plan.groups > 1 else set())
+    programs = {
+        flag: build_program(alg, times, scn.runtime.host, launch_s, aggregate=flag)
+        for flag in (False, True)
+    }
+    part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS)
+    sim = Simulation(hw=hw, plan=plan, part=part, programs=programs, aggregate_steps=agg_steps,
+                     steps=steps, comm=scn.runtime.comm, host=scn.runtime.host, trace=trace,
+                     trace_steps=trace_steps)
+    sim.unit_nbytes = dict(enumerate(times.unit_nbytes))
+    sim.run()
+    result = _summarise(scn, alg, plan, hw, sim, times, agg_steps)
+    spans = sim.spans
+    if trace:
+        spans = spans + _phase_spans(sim, agg_steps, trace_steps or steps)
+        spans.sort(key=lambda s: (s.rank, s.start_s, s.stream, s.name))
+    return AlgorithmRun(result=result, spans=spans, events=_event_count(sim))
+
+
+def _event_count(sim: Simulation) -> int:
+    # SimPy's environment counts scheduled events in its event id counter
+    return int(next(sim.env._eid))
+
+
+def _step_bounds(sim: Simulation, actor: int, agg_steps: set[int]) -> list[list[float]]:
+    """Per step: [start, other end, forward end, backward end, optimizer end, aggregation end].
+    Phases are consecutive on the actor's timeline, so they sum to the step time."""
+    st = sim.states[actor]
+    out = []
+    start = 0.0
+    for step in range(sim.steps):
+        prog = sim._program(step)
+        done = st.done[step]
+        ends = dict.fromkeys(range(len(PHASES)), start)
+        other_host = start
+        for op in prog.ops:
+            t = done[op.idx]
+            if op.kind == HOSTWORK:
+                other_host = max(other_host, t)
+            elif t > ends[op.phase]:
+                ends[op.phase] = t
+        b_other = other_host
+        b_fwd = max(b_other, ends[PHASES.index("forward")])
+        b_bwd = max(b_fwd, ends[PHASES.index("backward")])
+        b_opt = max(b_bwd, ends[PHASES.index("optimizer")])
+        b_agg = max(b_opt, ends[PHASES.index("aggregation")], st.host_end[step])
+        out.append([start, b_other, b_fwd, b_bwd, b_opt, b_agg])
+        start = b_agg
+    return out
+
+
+def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simulation,
+               times: StepTimes, agg_steps: set[int]) -> dict[str, Any]:
+    info = algorithm_info(alg.name)
+    train = scn.training
+    steps = train.steps
+    bounds = {a: _step_bounds(sim, a, agg_steps) for a in range(len(sim.states))}
+    critical = max(bounds, key=lambda a: (bounds[a][-1][-1], -a))
+    b = bounds[critical]
+    total_s = b[-1][-1]
+    step_times = [row[-1] - row[0] for row in b]
+    step_time = total_s / steps
+    phase_tot = dict.fromkeys(PHASES, 0.0)
+    for row in b:
+        phase_tot["other"] += row[1] - row[0]
+        phase_tot["forward"] += row[2] - row[1]
+        phase_tot["backward"] += row[3] - row[2]
+        phase_tot["optimizer"] += row[4] - row[3]
+        phase_tot["aggregation"] += row[5] - row[4]
+    phases = {p: phase_tot[p] / steps for p in ("forward", "backward", "optimizer",
+                                                "aggregation", "other")}
+    agg_events = [b[s][5] - b[s][4] for s in sorted(agg_steps)]
+    world = plan.world
+    tokens_step = world * train.micro_batch * train.seq_len
+    samples_step = world * train.micro_batch
+    steps_per_epoch = scn.dataset_sequences / samples_step
+    epoch_s = step_time * steps_per_epoch
+    flops_token = scn.model.train_flops_per_token(train.seq_len, scn.runtime.compute.causal_skip)
+    st = sim.states[critical]
+    peak_unsharded = max(s.peak_live_bytes for s in sim.states)
+    mem = memory_breakdown(scn.model, train, scn.runtime.memory, shard=plan.shard,
+                           peak_unsharded_units_bytes=peak_unsharded)
+    bytes_step = {k: sim.bytes_by_kind[k] / steps for k in LINK_KINDS}
+    checks = sum(
+        sim.debug_check_s(sim.part.components[op.pg][0].size)
+        for op in sim._program(0).ops if op.pg
+    )
+    return {
+        "name": alg.name,
+        "label": alg.display,
+        "summary": info.summary,
+        "plan": {"groups": plan.groups, "replicate": plan.replicate, "shard": plan.shard,
+                 "world": world},
+        "models": plan.groups,
+        "global_batch_sequences": plan.group_size * train.micro_batch,
+        "aggregate_every": alg.aggregate_every if info.federated else 0,
+        "aggregations": len(agg_steps),
+        "steps": steps,
+        "step_time_s": step_time,
+        "step_times_s": step_times,
+        "total_time_s": total_s,
+        "tokens_per_s": tokens_step / step_time,
+        "tokens_per_s_per_gpu": tokens_step / step_time / world,
+        "samples_per_s": samples_step / step_time,
+        "mfu": flops_token * tokens_step / step_time / (world * hw.peak_flops),
+        "phases_s": phases,
+        "aggregation_per_event_s": (sum(agg_events) / len(agg_events)) if agg_events else 0.0,
+        "compute_s": st.compute_s / steps,
+        "exposed_comm_s": st.exposed_comm_s / steps,
+        "debug_checks_s": checks,
+        "bytes_by_link": bytes_step,
+        "bytes_by_link_per_gpu": {k: v / world for k, v in bytes_step.items()},
+        "peak_memory_bytes": mem.peak_bytes,
+        "memory_bytes": mem.as_dict(),
+        "memory_capacity_bytes": hw.memory_bytes,
+        "fits": mem.peak_bytes <= hw.memory_bytes,
+        "steps_per_epoch": steps_per_epoch,
+        "epoch_time_s": epoch_s,
+        "actors": len(sim.states),
+        "critical_rank": sim.part.actors[critical].rank,
+    }
+
+
+def _phase_spans(sim: Simulation, agg_steps: set[int], trace_steps: int) -> list[Span]:
+    spans = []
+    for a, actor in enumerate(sim.part.actors):
+        for step, row in enumerate(_step_bounds(sim, a, agg_steps)[:trace_steps]):
+            names = ("other", "forward", "backward", "optimizer", "aggregation")
+            for i, name in enumerate(names):
+                if row[i + 1] > row[i]:
+                    spans.append(Span(name=name, cat="phase", rank=actor.rank, step=step,
+                                      start_s=row[i], dur_s=row[i + 1] - row[i], stream="phase"))
+            spans.append(Span(name=f"step {step}", cat="step", rank=actor.rank, step=step,
+                              start_s=row[0], dur_s=row[-1] - row[0], stream="step"))
+    return spans
+
+
+def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool = False,
+             trace_steps: int | None = None) -> tuple[dict[str, Any], dict[str, list[Span]]]:
+    """Run every algorithm of the scenario (or the named ones); speedups are against the first.
+    Returns (JSON-ready result, spans per algorithm label when tracing)."""
+    chosen = list(scn.algorithms)
+    if algorithms:
+        chosen = [scn.algorithm(n) for n in algorithms]
+    runs = []
+    spans: dict[str, list[Span]] = {}
+    events = 0
+    for alg in chosen:
+        run = simulate_algorithm(scn, alg, trace=trace, trace_steps=trace_steps)
+        runs.append(run.result)
+        events += run.events
+        if trace:
+            spans[alg.label or alg.name] = run.spans
+    base = runs[0]
+    for r in runs:
+        r["speedup"] = base["step_time_s"] / r["step_time_s"]
+        r["epoch_speedup"] = base["epoch_time_s"] / r["epoch_time_s"]
+    out = {
+        "scenario": scn.name,
+        "description": scn.description,
+        "seed": scn.seed,
+        "cluster": {"name": scn.cluster.name, "nodes": scn.cluster.nodes,
+                    "gpus_per_node": scn.cluster.node.gpus, "world": scn.cluster.world,
+                    "gpu": scn.cluster.node.gpu.name},
+        "model": {"name": scn.model.name, "params": scn.model.total_params},
+        "tokens_per_step": scn.global_tokens_per_step,
+        "baseline": base["name"],
+        "algorithms": runs,
+        "simulated_events": events,
+    }
+    if any(math.isnan(r["step_time_s"]) for r in runs):
+        raise SpecError("simulation produced no step time")
+    return out, spans

@@ -1,0 +1,104 @@
+"""Hardware in SI units: a GPU's FLOP/s and memory, a node's NVLink and NIC rails, the fabric.
+
+Built once from the scenario's cluster section and runtime efficiencies; every number downstream
+is in bytes, seconds, FLOP/s and bytes per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec.scenario import ClusterSpec, RuntimeSpec
+from .spec.units import GBps_to_Bps, GiB_to_bytes, gbps_to_Bps, tflops_to_flops, us_to_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    nodes: int
+    gpus_per_node: int
+    gpu_name: str
+    peak_flops: float  # dense, model dtype
+    memory_bytes: float
+    hbm_Bps: float
+    nvlink_topology: str  # "switch" | "full_mesh"
+    nvlink_Bps: float  # per GPU, per direction, all links, nominal
+    nvlink_latency_s: float
+    rails: int
+    rail_Bps: float  # per rail, nominal
+    nic_latency_s: float
+    nvlink_efficiency: float
+    nic_efficiency: float
+    fabric: str
+    nodes_per_leaf: int
+    oversubscription: float
+    nodes_per_group: int
+    global_taper: float
+    placement: str
+    switch_latency_s: float
+
+    @classmethod
+    def from_spec(cls, cluster: ClusterSpec, runtime: RuntimeSpec) -> Hardware:
+        n = cluster.node
+        f = cluster.fabric
+        return cls(
+            nodes=cluster.nodes,
+            gpus_per_node=n.gpus,
+            gpu_name=n.gpu.name,
+            peak_flops=tflops_to_flops(n.gpu.peak_tflops),
+            memory_bytes=GiB_to_bytes(n.gpu.memory_GiB),
+            hbm_Bps=GBps_to_Bps(n.gpu.hbm_bw_GBps),
+            nvlink_topology=n.nvlink.topology,
+            nvlink_Bps=GBps_to_Bps(n.nvlink.bw_GBps),
+            nvlink_latency_s=us_to_s(n.nvlink.latency_us),
+            rails=n.nics.count,
+            rail_Bps=gbps_to_Bps(n.nics.bw_Gbps),
+            nic_latency_s=us_to_s(n.nics.latency_us),
+            nvlink_efficiency=runtime.comm.nvlink_efficiency,
+            nic_efficiency=runtime.comm.nic_efficiency,
+            fabric=f.topology,
+            nodes_per_leaf=f.nodes_per_leaf,
+            oversubscription=f.oversubscription,
+            nodes_per_group=f.nodes_per_group,
+            global_taper=f.global_taper,
+            placement=f.placement,
+            switch_latency_s=us_to_s(f.switch_latency_us),
+        )
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def nvlink_usable_fraction(self, local_ranks: int) -> float:
+        """Share of a GPU's NVLink egress a collective with `local_ranks` GPUs of one node can
+        use: all of it behind an NVSwitch; on a full mesh only the links to its peers,
+        (q-1)/(g-1) of them (two GPUs of a 4-GPU A100 board share 4 of 12 links)."""
+        if self.nvlink_topology == "switch" or self.gpus_per_node <= 1 or local_ranks <= 1:
+            return 1.0
+        return (local_ranks - 1) / (self.gpus_per_node - 1)
+
+    def rails_used(self, local_ranks: int) -> int:
+        """NIC rails a collective's ring uses on one node: one per participating GPU (NCCL
+        picks the NIC nearest each GPU), at most the node's rail count."""
+        return max(1, min(local_ranks, self.rails))
+
+    # fabric capacities (nominal x efficiency), per link of each class
+    @property
+    def node_injection_Bps(self) -> float:
+        return self.rails * self.rail_Bps
+
+    @property
+    def leaf_uplink_Bps(self) -> float:
+        return self.nodes_per_leaf * self.node_injection_Bps / self.oversubscription
+
+    @property
+    def group_global_Bps(self) -> float:
+        return self.nodes_per_group * self.node_injection_Bps * self.global_taper
+
+    def fabric_position(self, node: int) -> int:
+        """Physical slot of a job node: `packed` fills leaves/groups in order, `spread`
+        deals nodes round-robin over as many leaves (or groups) as the job spans."""
+        if self.placement == "packed":
+            return node
+        domain = self.nodes_per_group if self.fabric == "dragonfly_plus" else self.nodes_per_leaf
+        domains = max(1, -(-self.nodes // domain))
+        return (node % domains) * domain + node // domains
