@@ -1,0 +1,304 @@
+"""One rank of `realrun bench` (run by torchrun): collectives over intra-node, inter-node and world
+groups, a matmul block's forward/backward, and the host cost of TORCH_DISTRIBUTED_DEBUG=DETAIL.
+
+Writes `OUT/bench-rank{R}.jsonl` in the simfed trace schema (simfed.spec.trace):
+- cat "comm", name all_gather | reduce_scatter | all_reduce, group intra | inter | world,
+  nbytes = the full buffer (all-gather output, reduce-scatter input, all-reduce buffer: the
+  nccl-tests convention), attrs: group_size, nodes (spanned), ranks, concurrent_groups (groups of
+  that kind running the same collective at once), impl, case, rep.
+- cat "compute", name forward | backward, attrs: flops, tokens, hidden, ffn_hidden, concurrent
+  (ranks computing at once).
+- cat "host", name all_reduce_tiny (attrs debug off | detail), monitored_barrier, all_gather_tiny,
+  attrs group_size, nodes, ranks: the per-collective checks DETAIL adds are a monitored barrier
+  and an all-gather of the op's fingerprint on a helper gloo group.
+Before each timed repetition every rank meets at a world barrier, so concurrent groups start
+together; a rank's span is its own wall time for the call (gloo runs collectives on the CPU and
+returns when done: nothing overlaps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simfed.spec import Span, TraceWriter
+
+from .bench import GROUP_KINDS, OPS
+
+DEFAULT_SIZES = (4096, 65536, 524288, 2097152)
+DEFAULT_FLOPS = (1e5, 1e6, 1e7, 1e8)
+# How gloo (torch's ProcessGroupGloo) carries out each call on CPU tensors.
+GLOO_IMPL = {
+    "all_gather": "gloo_allgather",
+    "reduce_scatter": "gloo_allreduce",  # all-reduce of the whole input, then keep one chunk
+    "all_reduce": "gloo_allreduce",
+}
+FINGERPRINT_NUMEL = 16  # int64 words: op type, dtype, device and sizes of the op's tensors
+# torch 2.13 renamed the tensor-in/tensor-out collectives; same gloo calls underneath
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m realrun.bench_worker", description=__doc__)
+    p.add_argument("--out", required=True, help="folder for bench-rank{R}.jsonl")
+    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
+                   help="message sizes in bytes (full buffer), comma-separated")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--groups", default=",".join(GROUP_KINDS))
+    p.add_argument("--iters", type=int, default=8, help="timed repetitions per case")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--flops", default=",".join(f"{f:g}" for f in DEFAULT_FLOPS),
+                   help="forward FLOPs of the compute block, comma-separated ('' = skip)")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--ffn-hidden", type=int, default=1024)
+    p.add_argument("--check-iters", type=int, default=10,
+                   help="repetitions of the debug-check benchmark (0 = skip)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
+    return p.parse_args(argv)
+
+
+class Bench:
+    """The state of one rank: topology, trace writer, the common clock."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        if self.world % self.ranks_per_node:
+            raise SystemExit(f"error: world {self.world} is not a multiple of "
+                             f"LOCAL_WORLD_SIZE {self.ranks_per_node}")
+        self.nodes = self.world // self.ranks_per_node
+        self.node = self.rank // self.ranks_per_node
+        # one clock for all ranks: rank 0's wall time at start (same host, shared clock)
+        t0 = torch.tensor([time.time()], dtype=torch.float64)
+        dist.broadcast(t0, src=0)
+        self.epoch_wall = float(t0.item())
+        self.case = 0
+        self.writer = TraceWriter(Path(args.out) / f"bench-rank{self.rank}.jsonl", self.meta())
+
+    def meta(self) -> dict[str, Any]:
+        env = os.environ
+        return {
+            "source": "realrun", "kind": "bench", "backend": "gloo", "device": "cpu",
+            "world_size": self.world, "nodes": self.nodes, "ranks_per_node": self.ranks_per_node,
+            "node": self.node, "host": socket.gethostname(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cores": len(os.sched_getaffinity(0)),
+            "host_cores": int(env.get("SIMFED_TESTBED_HOST_CORES", os.cpu_count() or 1)),
+            "network": "testbed" if env.get("SIMFED_TESTBED") else "loopback",
+            "testbed": env.get("SIMFED_TESTBED", ""),
+            "link_rate_Gbps": float(env.get("SIMFED_TESTBED_RATE_GBPS", 0) or 0),
+            "ifname": env.get("GLOO_SOCKET_IFNAME", ""),
+            "impl": dict(GLOO_IMPL), "dtype": "float32",
+            "nbytes_convention": "full buffer: all_gather output, reduce_scatter input, "
+                                 "all_reduce buffer",
+            "overlap": "none: gloo collectives run on the CPU and block the caller",
+        }
+
+    def now_s(self) -> float:
+        return time.time() - self.epoch_wall
+
+    def span(self, name: str, cat: str, start_s: float, dur_s: float, *, rep: int,
+             nbytes: int = 0, group: str = "", attrs: dict[str, Any] | None = None) -> None:
+        self.writer.write(Span(name=name, cat=cat, rank=self.rank, step=rep, start_s=start_s,
+                               dur_s=dur_s, nbytes=nbytes, group=group, stream=cat,
+                               attrs=attrs or {}))
+
+    def repeat(self, active: bool, fn: Callable[[int], None]) -> None:
+        """warmup + iters repetitions; each starts with a world barrier; `fn(rep)` runs (and
+        records, for rep >= 0) only where `active`."""
+        for i in range(self.args.warmup + self.args.iters):
+            dist.barrier()
+            if active:
+                fn(i - self.args.warmup)
+
+    # ---- groups ---------------------------------------------------------------------------
+    def group_layout(self) -> dict[str, list[list[int]]]:
+        g, n = self.ranks_per_node, self.nodes
+        layout: dict[str, list[list[int]]] = {}
+        if g > 1:
+            layout["intra"] = [list(range(i * g, (i + 1) * g)) for i in range(n)]
+        if n > 1:
+            layout["inter"] = [[local + i * g for i in range(n)] for local in range(g)]
+        if n > 1 or g == 1:  # on one node the world group is the intra-node group
+            layout["world"] = [list(range(self.world))]
+        return layout
+
+    def nodes_of(self, ranks: Sequence[int]) -> int:
+        return len({r // self.ranks_per_node for r in ranks})
+
+    # ---- collectives ----------------------------------------------------------------------
+    def comm(self, kinds: Sequence[str], ops: Sequence[str], sizes: Sequence[int]) -> None:
+        layout = self.group_layout()
+        for kind in kinds:
+            if kind not in layout:
+                continue
+            members = layout[kind]
+            # every rank creates every group, in the same order
+            pgs = [dist.new_group(ranks) if len(members) > 1 or kind != "world"
+                   else dist.group.WORLD for ranks in members]
+            mine = next(i for i, ranks in enumerate(members) if self.rank in ranks)
+            modes = [len(members)] + ([1] if len(members) > 1 else [])
+            for concurrent in modes:
+                active = mine < concurrent
+                for op in ops:
+                    for nbytes in sizes:
+                        self.comm_case(kind, members[mine], pgs[mine], mine, concurrent,
+                                       active, op, nbytes)
+
+    def comm_case(self, kind: str, ranks: list[int], pg: Any, index: int, concurrent: int,
+                  active: bool, op: str, nbytes: int) -> None:
+        k = len(ranks)
+        numel = max(k, (nbytes // 4) // k * k)  # float32, divisible by the group size
+        full = torch.ones(numel, dtype=torch.float32)
+        part = torch.ones(numel // k, dtype=torch.float32)
+        call: Callable[[], Any] = {
+            "all_gather": lambda: _all_gather(full, part, group=pg),
+            "reduce_scatter": lambda: _reduce_scatter(part, full, group=pg),
+            "all_reduce": lambda: dist.all_reduce(full, group=pg),
+        }[op]
+        self.case += 1
+        attrs = {"group_size": k, "nodes": self.nodes_of(ranks), "ranks": ranks,
+                 "group_index": index, "concurrent_groups": concurrent,
+                 "impl": GLOO_IMPL[op], "case": self.case}
+
+        def once(rep: int) -> None:
+            start = self.now_s()
+            t = time.perf_counter()
+            call()
+            dur = time.perf_counter() - t
+            if rep >= 0:
+                self.span(op, "comm", start, dur, rep=rep, nbytes=numel * 4, group=kind,
+                          attrs=attrs)
+
+        self.repeat(active, once)
+
+    # ---- compute --------------------------------------------------------------------------
+    def compute(self, flops_list: Sequence[float]) -> None:
+        h, f = self.args.hidden, self.args.ffn_hidden
+        torch.manual_seed(self.rank)
+        w1 = (torch.randn(h, f) / h**0.5).requires_grad_()
+        w2 = (torch.randn(f, h) / f**0.5).requires_grad_()
+        for concurrent in (self.world, 1):
+            for target in flops_list:
+                tokens = max(1, round(target / (4 * h * f)))
+                x = torch.randn(tokens, h, requires_grad=True)
+                grad = torch.ones(tokens, h)
+                fwd_flops = 4 * tokens * h * f  # two matmuls, 2 FLOPs per multiply-add
+                self.case += 1
+                attrs = {"tokens": tokens, "hidden": h, "ffn_hidden": f, "dtype": "float32",
+                         "concurrent": concurrent, "block": "mlp", "case": self.case,
+                         "threads": torch.get_num_threads()}
+
+                def once(rep: int, x: torch.Tensor = x, grad: torch.Tensor = grad,
+                         fwd_flops: int = fwd_flops, attrs: dict[str, Any] = attrs) -> None:
+                    start = self.now_s()
+                    t = time.perf_counter()
+                    y = torch.nn.functional.gelu(x @ w1) @ w2
+                    t_fwd = time.perf_counter() - t
+                    mid = self.now_s()
+                    t = time.perf_counter()
+                    y.backward(grad)  # grads of x, w1, w2: twice the forward FLOPs
+                    t_bwd = time.perf_counter() - t
+                    if rep >= 0:
+                        self.span("forward", "compute", start, t_fwd, rep=rep,
+                                  attrs={**attrs, "flops": fwd_flops})
+                        self.span("backward", "compute", mid, t_bwd, rep=rep,
+                                  attrs={**attrs, "flops": 2 * fwd_flops})
+                    x.grad = w1.grad = w2.grad = None
+
+                self.repeat(self.rank < concurrent, once)
+
+    # ---- TORCH_DISTRIBUTED_DEBUG=DETAIL checks --------------------------------------------
+    def checks(self, iters: int) -> None:
+        sizes = list(range(2, self.world + 1)) if self.world <= 8 else sorted(
+            {2 ** i for i in range(1, self.world.bit_length()) if 2 ** i <= self.world}
+            | {self.world})
+        for k in sizes:
+            self.check_group(list(range(k)), iters)
+
+    def check_group(self, ranks: list[int], iters: int) -> None:
+        off_pg = dist.new_group(ranks)
+        level = dist.get_debug_level()
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
+        try:  # a group made under DETAIL is wrapped in a ProcessGroupWrapper: the checks
+            detail_pg = dist.new_group(ranks)
+        finally:
+            dist.set_debug_level(level)
+        one = torch.ones(1)
+        fingerprint = torch.zeros(FINGERPRINT_NUMEL, dtype=torch.int64)
+        gathered = torch.zeros(FINGERPRINT_NUMEL * len(ranks), dtype=torch.int64)
+        self.case += 1
+        attrs = {"group_size": len(ranks), "nodes": self.nodes_of(ranks), "ranks": ranks,
+                 "case": self.case}
+        calls: list[tuple[str, dict[str, Any], Callable[[], Any]]] = [
+            ("all_reduce_tiny", {"debug": "off"}, lambda: dist.all_reduce(one, group=off_pg)),
+            ("all_reduce_tiny", {"debug": "detail"},
+             lambda: dist.all_reduce(one, group=detail_pg)),
+            ("monitored_barrier", {},
+             lambda: dist.monitored_barrier(group=off_pg, wait_all_ranks=True)),
+            ("all_gather_tiny", {"numel": FINGERPRINT_NUMEL, "dtype": "int64"},
+             lambda: _all_gather(gathered, fingerprint, group=off_pg)),
+        ]
+        member = self.rank in ranks
+        for name, extra, call in calls:
+            for i in range(1 + iters):
+                dist.barrier()
+                if not member:
+                    continue
+                start = self.now_s()
+                t = time.perf_counter()
+                call()
+                dur = time.perf_counter() - t
+                if i >= 1:
+                    self.span(name, "host", start, dur, rep=i - 1, group="check",
+                              attrs={**attrs, **extra})
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
+    try:
+        bench = Bench(args)
+        t = time.perf_counter()
+        ops = [o for o in args.ops.split(",") if o]
+        kinds = [k for k in args.groups.split(",") if k]
+        bad = [o for o in ops if o not in OPS] + [k for k in kinds if k not in GROUP_KINDS]
+        if bad:
+            raise SystemExit(f"error: unknown op/group {', '.join(bad)}; valid: "
+                             f"{', '.join(OPS + GROUP_KINDS)}")
+        sizes = [int(s) for s in _floats(args.sizes)]
+        if ops and sizes:
+            bench.comm(kinds, ops, sizes)
+        if _floats(args.flops):
+            bench.compute(_floats(args.flops))
+        if args.check_iters > 0 and bench.world > 1:
+            bench.checks(args.check_iters)
+        dist.barrier()
+        bench.writer.close()
+        if bench.rank == 0:
+            print(f"bench: {bench.world} ranks on {bench.nodes} node(s), "
+                  f"{time.perf_counter() - t:.1f} s", file=sys.stderr)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
