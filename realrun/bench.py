@@ -1,5 +1,7 @@
-"""`realrun bench`: collective, compute and debug-check micro-benchmarks on loopback or across the
-testbed, written as simfed traces (one per rank) plus a summary of bandwidths and costs.
+"""Micro-benchmarks of collectives, compute and debug checks (`realrun bench`), as simfed traces.
+
+Runs on loopback or across the testbed; writes one trace per rank plus a summary of bandwidths
+and costs.
 
     realrun bench --nproc 4 --out DIR                        # gloo over loopback, one host
     realrun bench scenarios/testbed.yaml --testbed --out DIR # across the testbed's namespaces

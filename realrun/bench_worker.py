@@ -1,5 +1,7 @@
-"""One rank of `realrun bench` (run by torchrun): collectives over intra-node, inter-node and world
-groups, a matmul block's forward/backward, and the host cost of TORCH_DISTRIBUTED_DEBUG=DETAIL.
+"""One rank of `realrun bench`: timed collectives, a matmul block, and DETAIL debug checks.
+
+Run by torchrun: collectives over intra-node, inter-node and world groups, a matmul block's
+forward/backward, and the host cost of TORCH_DISTRIBUTED_DEBUG=DETAIL.
 
 Writes `OUT/bench-rank{R}.jsonl` in the simfed trace schema (simfed.spec.trace):
 - cat "comm", name all_gather | reduce_scatter | all_reduce, group intra | inter | world,

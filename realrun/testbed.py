@@ -1,5 +1,6 @@
-"""The emulated cluster: one network namespace per node on a bridge, each node's link rate-limited
-with tc (tbf), so multi-node traffic crosses a real, slower network on one machine (root only).
+"""The emulated cluster: one network namespace per node, joined by tc-rate-limited veth links.
+
+Multi-node traffic crosses a real, slower network on one machine (root only).
 
 Layout for a testbed with prefix P and N nodes (nothing is created in the host's own namespace):
 
