@@ -1,0 +1,47 @@
+"""Command-line choices that shape a run, parsed without torch: `--set` overrides, the
+`--algorithm` selection and the profiler window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from simfed.spec import AlgorithmSpec, Scenario
+
+from .errors import RealrunError
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`KEY=VALUE` items (dotted scenario paths, YAML values) -> {key: value}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RealrunError(f"--set {item!r}: expected KEY=VALUE, e.g. training.steps=8")
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise RealrunError(f"--set {item!r}: the value is not valid YAML") from None
+    return out
+
+
+def select_algorithms(scenario: Scenario, text: str) -> list[AlgorithmSpec]:
+    """`--algorithm`: one name or label, a comma-separated list, or `all` (the scenario's)."""
+    if text == "all":
+        return list(scenario.algorithms)
+    return [scenario.algorithm(name.strip()) for name in text.split(",")]
+
+
+def parse_window(text: str) -> tuple[int, int] | None:
+    """`--profile-steps A:B` -> (A, B), steps A..B-1; empty -> None."""
+    if not text:
+        return None
+    a, sep, b = text.partition(":")
+    try:
+        lo, hi = int(a), int(b)
+    except ValueError:
+        lo, hi = 0, -1
+    if not sep or not 0 <= lo < hi:
+        raise RealrunError(f"--profile-steps {text!r}: expected A:B with 0 <= A < B")
+    return lo, hi
