@@ -31,16 +31,7 @@ import click
 
 from simfed.spec import Scenario, Span, SpecError, load_scenario, read_trace
 
-from .testbed import (
-    DEFAULT_PREFIX,
-    Testbed,
-    TestbedError,
-    TestbedSpec,
-    describe,
-    kill_group,
-    parse_sets,
-    state_path,
-)
+from .testbed import DEFAULT_PREFIX, TestbedError, kill_group, parse_sets, testbed_for
 
 WORKER = "realrun.bench_worker"
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -258,36 +249,34 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
         raise BenchError(f"--check-iters: must be >= 0, got {check_iters}")
     scn = _scenario(scenario, sets)
     hidden, ffn = (scn.model.hidden, scn.model.ffn_hidden) if scn else (256, 1024)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob(TRACE_GLOB):
-        old.unlink()
     ops, groups = parse_names(ops, OPS, "ops"), parse_names(groups, GROUP_KINDS, "groups")
-    args = worker_args(out.resolve(), sizes=parse_sizes(sizes), ops=ops, groups=groups,
-                       iters=iters, flops=parse_flops(flops), hidden=hidden, ffn_hidden=ffn,
+    size_list, flops_list = parse_sizes(sizes), parse_flops(flops)
+    if testbed and nproc is not None:
+        raise BenchError("--nproc: the testbed runs node.gpus ranks per node; drop --nproc")
+    if not testbed and rate_Gbps is not None:
+        raise BenchError("--rate-Gbps applies to the testbed; add --testbed")
+    n = nproc if nproc is not None else (scn.cluster.world if scn else 4)
+    if not testbed and not 2 <= n <= MAX_NPROC:
+        raise BenchError(f"--nproc: must be 2..{MAX_NPROC}, got {n}")
+
+    def prepare() -> None:  # only once the input is good and the ranks can start
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob(TRACE_GLOB):
+            old.unlink()
+
+    args = worker_args(out.resolve(), sizes=size_list, ops=ops, groups=groups, iters=iters,
+                       flops=flops_list, hidden=hidden, ffn_hidden=ffn,
                        check_iters=check_iters, timeout_s=timeout_s)
     t = time.monotonic()
     if testbed:
-        if nproc is not None:
-            raise BenchError("--nproc: the testbed runs node.gpus ranks per node; drop --nproc")
-        if state_path(prefix).exists():
-            tb = Testbed.attach(prefix)
-            click.echo(f"using {describe(tb.spec)}", err=True)
+        with testbed_for(scn, prefix=prefix, rate_Gbps=rate_Gbps, source=scenario or "",
+                         echo=lambda m: click.echo(m, err=True)) as tb:
+            prepare()
             result = tb.launch(WORKER, args, timeout_s=timeout_s, log_dir=out / "logs")
-        else:
-            if scn is None:
-                raise BenchError(f"--testbed needs a SCENARIO (no testbed {prefix!r} is up)")
-            spec = TestbedSpec.from_scenario(scn, prefix=prefix, source=scenario or "")
-            if rate_Gbps is not None:
-                spec = TestbedSpec(**{**spec.__dict__, "rate_Gbps": rate_Gbps})
-            with Testbed(spec) as tb:
-                click.echo(describe(tb.spec), err=True)
-                result = tb.launch(WORKER, args, timeout_s=timeout_s, log_dir=out / "logs")
         if not result.ok:
             raise BenchError(f"bench {result.summary()}; logs in {out / 'logs'}")
     else:
-        n = nproc if nproc is not None else (scn.cluster.world if scn else 4)
-        if not 2 <= n <= MAX_NPROC:
-            raise BenchError(f"--nproc: must be 2..{MAX_NPROC}, got {n}")
+        prepare()
         rc, output = run_local(n, args, out / "launch.log", timeout_s)
         if rc != 0:
             errs = [ln for ln in output.splitlines() if "rror" in ln]

@@ -187,13 +187,17 @@ def state_path(prefix: str) -> Path:
     return STATE_DIR / f"{prefix}.json"
 
 
-def _owner_pid(prefix: str) -> int | None:
-    """The live process that holds testbed `prefix` open (a `with Testbed`), if any."""
-    path = state_path(prefix)
+def _read_state(prefix: str) -> dict[str, Any] | None:
     try:
-        state = json.loads(path.read_text())
+        state = json.loads(state_path(prefix).read_text())
     except (OSError, ValueError):
         return None
+    return state if isinstance(state, dict) else None
+
+
+def _owner_pid(prefix: str) -> int | None:
+    """The live process that holds testbed `prefix` open (a `with Testbed`), if any."""
+    state = _read_state(prefix) or {}
     pid = state.get("pid") if state.get("held") else None
     if isinstance(pid, int) and Path(f"/proc/{pid}").exists() and not _is_zombie(pid):
         return pid
@@ -381,10 +385,17 @@ class Testbed:
     def attach(cls, prefix: str = DEFAULT_PREFIX) -> Testbed:
         """The testbed `realrun testbed up` left running under `prefix`."""
         _check_prefix(prefix)
+        problem = privilege_problem()
+        if problem:
+            raise TestbedError(problem)
         path = state_path(prefix)
         if not path.exists():
             raise TestbedError(f"no testbed {prefix!r} is up (no {path}); run "
                                f"`realrun testbed up SCENARIO` first")
+        owner = _owner_pid(prefix)
+        if owner is not None and owner != os.getpid():
+            raise TestbedError(f"testbed {prefix!r} is in use by running process {owner}; "
+                               f"use another --prefix")
         spec = TestbedSpec(**json.loads(path.read_text())["spec"])
         missing = [ns for ns in [spec.switch_ns] + [spec.node_ns(i) for i in range(spec.nodes)]
                    if ns not in list_namespaces()]
@@ -592,6 +603,41 @@ class Testbed:
             rc = None if i in killed else p.returncode
             result.nodes.append(NodeRun(node=i, returncode=rc, log_path=str(path), output=text))
         return result
+
+
+@contextlib.contextmanager
+def testbed_for(scenario: Scenario | None, *, prefix: str = DEFAULT_PREFIX,
+                rate_Gbps: float | None = None, source: str = "",
+                echo: Any = None) -> Iterator[Testbed]:
+    """The testbed `realrun testbed up` left under `prefix` (it must match the scenario's
+    nodes x ranks), else a temporary one built from the scenario and removed afterwards."""
+    state = _read_state(prefix)
+    if state is not None and not state.get("held"):  # left up by `realrun testbed up`
+        tb = Testbed.attach(prefix)
+        s = tb.spec
+        if scenario is not None and (s.nodes, s.ranks_per_node) != (
+                scenario.cluster.nodes, scenario.cluster.node.gpus):
+            raise TestbedError(
+                f"testbed {prefix!r} is up with {s.nodes} nodes x {s.ranks_per_node} ranks, but "
+                f"the scenario has {scenario.cluster.nodes} x {scenario.cluster.node.gpus}; run "
+                f"`realrun testbed down --prefix {prefix}` or use another --prefix"
+            )
+        if rate_Gbps is not None and rate_Gbps != s.rate_Gbps:
+            raise TestbedError(f"--rate-Gbps {rate_Gbps:g}: testbed {prefix!r} is already up at "
+                               f"{s.rate_Gbps:g} Gb/s")
+        if echo:
+            echo(f"using {describe(s)}")
+        yield tb
+        return
+    if scenario is None:
+        raise TestbedError(f"no testbed {prefix!r} is up; give a SCENARIO to build one")
+    spec = TestbedSpec.from_scenario(scenario, prefix=prefix, source=source)
+    if rate_Gbps is not None:
+        spec = TestbedSpec(**{**asdict(spec), "rate_Gbps": rate_Gbps})
+    with Testbed(spec) as tb:
+        if echo:
+            echo(describe(spec))
+        yield tb
 
 
 def _torchrun() -> list[str]:
@@ -810,13 +856,10 @@ def run_command(scenario: str, module: str, timeout_s: float, log_dir: str | Non
     temporary one built from SCENARIO). Example:
     realrun testbed run scenarios/testbed.yaml -- scenarios/testbed.yaml --algorithm fsdp --out o"""
     try:
-        if state_path(prefix).exists():
-            tb = Testbed.attach(prefix)
+        scn = _load(scenario, sets)
+        with testbed_for(scn, prefix=prefix, rate_Gbps=rate_Gbps, source=scenario,
+                         echo=lambda m: click.echo(m, err=True)) as tb:
             result = tb.launch(module, args, timeout_s=timeout_s, log_dir=log_dir)
-        else:
-            with Testbed(_spec_from(scenario, sets, prefix, rate_Gbps, False)) as tb:
-                click.echo(describe(tb.spec), err=True)
-                result = tb.launch(module, args, timeout_s=timeout_s, log_dir=log_dir)
     except (TestbedError, SpecError) as exc:
         _fail(exc)
     for n in result.nodes:

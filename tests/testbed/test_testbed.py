@@ -289,3 +289,14 @@ def test_launch_runs_torchrun_on_every_node_and_times_out(prefix, tmp_path):
                                   capture_output=True, text=True).stdout.split()
             assert pids == []
     assert ours(prefix) == []
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("testbed*.yaml")),
+                         ids=lambda p: p.stem)
+def test_testbed_scenarios_describe_buildable_testbeds(path):
+    scn = load_scenario(path)
+    spec = TestbedSpec.from_scenario(scn)
+    assert spec.world == scn.cluster.world
+    assert 0.1 <= spec.rate_Gbps <= 1.0  # slow enough that the link, not the CPU, limits
+    assert spec.cpu_cores >= 1  # the scenario says how many cores a node's ranks share
+    assert len(scn.algorithms) == 4
