@@ -321,9 +321,16 @@ def bench_command(scenario: str | None, out: str, nproc: int | None, use_testbed
                   rate_Gbps: float | None, as_json: bool) -> None:
     """Collective (all-gather, reduce-scatter, all-reduce), compute and debug-check benchmarks,
     written as simfed traces."""
-    if quick:
-        sizes, flops = QUICK["sizes"], QUICK["flops"]
-        iters, check_iters = int(QUICK["iters"]), int(QUICK["check_iters"])
+    if quick:  # smaller defaults; options given explicitly still win
+        ctx = click.get_current_context()
+
+        def default(name: str) -> bool:
+            return ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT
+
+        sizes = str(QUICK["sizes"]) if default("sizes") else sizes
+        flops = str(QUICK["flops"]) if default("flops") else flops
+        iters = int(QUICK["iters"]) if default("iters") else iters
+        check_iters = int(QUICK["check_iters"]) if default("check_iters") else check_iters
     try:
         summary = run_bench(scenario=scenario, out=Path(out), nproc=nproc, testbed=use_testbed,
                             sizes=sizes, ops=ops, groups=groups, iters=iters, flops=flops,

@@ -134,7 +134,7 @@ class Bench:
             layout["intra"] = [list(range(i * g, (i + 1) * g)) for i in range(n)]
         if n > 1:
             layout["inter"] = [[local + i * g for i in range(n)] for local in range(g)]
-        if n > 1 or g == 1:  # on one node the world group is the intra-node group
+        if n > 1 and g > 1:  # else the world group is the intra (one node) or inter group
             layout["world"] = [list(range(self.world))]
         return layout
 

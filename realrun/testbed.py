@@ -442,7 +442,10 @@ class Testbed:
                 f"use latency 0 (the bridge adds its own ~10-50 us)"
             )
         sw = s.switch_ns
-        _sh("ip", "netns", "add", sw)
+        proc = _sh("ip", "netns", "add", sw, check=False)
+        if proc.returncode != 0:
+            raise TestbedError(f"cannot create network namespaces (needs root with CAP_SYS_ADMIN "
+                               f"and CAP_NET_ADMIN): {_first_line(proc.stderr)}")
         _sh("ip", "-n", sw, "link", "add", s.bridge, "type", "bridge")
         _sh("ip", "-n", sw, "link", "set", s.bridge, "up")
         for i in range(s.nodes):
