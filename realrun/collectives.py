@@ -139,12 +139,13 @@ class CollectiveTap:
             work = orig(*args, **kwargs)
         except Exception as exc:
             call.end_s, call.error = self._clock(), _first_line(exc)
+            if call.events is not None:  # CUDA: the failure time is a host time
+                call.events = None
             self.failure = (
                 f"step {step} ({phase}): {op} over the {call.kind} group (ranks "
                 f"{','.join(map(str, ranks))}) failed after {call.end_s - call.issue_s:.1f} s "
                 f"(timeout {self.timeout_s:g} s; a peer rank died or hangs): {call.error}"
             )
-            self.flush()
             raise CollectiveError(self.failure) from exc
         call.attrs["host_s"] = self._clock() - call.issue_s  # time the host spent in the call
         if self._cuda:

@@ -3,8 +3,14 @@
 Clock: seconds since a barrier that every rank leaves together just before training
 (`Tracer.start_clock`), so spans of different ranks line up to within a barrier's skew.
 Phases: each step is cut into back-to-back "phase" spans (forward, backward, optimizer,
-aggregation, other), so they add up to the "step" span. On CUDA with `sync_per_phase`, the host
-waits for the device at every phase boundary (as the paper's per-phase timers do).
+aggregation, other): a phase starts where the previous one ended and the step ends where its
+last phase ends, so phases tile the "step" span exactly (a pause of the process between two
+phases, e.g. when ranks outnumber cores, counts in the phase that follows). On CUDA with
+`sync_per_phase`, the host waits for the device at every phase boundary (as the paper's
+per-phase timers do).
+Writing: spans of a step are kept in memory and written (one flushed line each) when the step
+ends, so the file I/O falls between steps, outside the timed step, and shows as a "host" span
+`trace_write`; a crash loses at most the step in progress.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ class Tracer:
         self.phase_s: dict[int, dict[str, float]] = defaultdict(lambda: dict.fromkeys(PHASES, 0.0))
         self.step_s: dict[int, float] = {}
         self.tap: CollectiveTap | None = None
+        self._buffer: list[Span] = []
+        self._closed = False
+        self._cursor: float | None = None  # end of the last phase of the current step
 
     # ---- clock ------------------------------------------------------------------------------
     def now(self) -> float:
@@ -65,7 +74,7 @@ class Tracer:
         """Zero the clock (call right after a barrier); a "clock" span records the wall time
         of zero, to line up traces of separate runs or hosts."""
         self._t0 = time.perf_counter()
-        self.write(Span(name="clock", cat="host", rank=self.rank, step=-1, start_s=0.0,
+        self.emit(Span(name="clock", cat="host", rank=self.rank, step=-1, start_s=0.0,
                         dur_s=0.0, stream="host", attrs={"unix_time_s": time.time()}))
 
     def _device_sync(self) -> None:
@@ -79,8 +88,22 @@ class Tracer:
     def where(self) -> tuple[int, str]:
         return self.step, self.phase
 
-    def write(self, span: Span) -> None:
-        self.writer.write(span)
+    def emit(self, span: Span) -> None:
+        """Queue a span; `drain` writes the queue."""
+        self._buffer.append(span)
+
+    def drain(self, final: bool = False) -> None:
+        start = self.now()
+        if self.tap is not None:
+            self.tap.flush(device_sync=True, final=final)
+        n = len(self._buffer)
+        for span in self._buffer:
+            self.writer.write(span)
+        self._buffer.clear()
+        if n and not final:
+            self.emit(Span(name="trace_write", cat="host", rank=self.rank, step=self.step,
+                           start_s=start, dur_s=self.now() - start, stream="host",
+                           attrs={"spans": n}))
 
     # ---- spans ------------------------------------------------------------------------------
     @contextmanager
@@ -89,32 +112,38 @@ class Tracer:
         self.step = step
         if self.tap is not None:
             self.tap.mark_device_reference()
-        start = self.now()
-        yield
-        self._device_sync()
-        dur = self.now() - start
+        start = self._cursor = self.now()
+        try:
+            yield
+            self._device_sync()
+        except BaseException:
+            self.drain()  # what the failed step recorded, the failed collective included
+            raise
+        finally:
+            end, self._cursor = self._cursor, None
+        dur = end - start
         self.step_s[step] = dur
-        if self.tap is not None:
-            self.tap.flush(device_sync=True)
-        self.write(Span(name="step", cat="step", rank=self.rank, step=step, start_s=start,
-                        dur_s=dur, stream="step"))
+        self.emit(Span(name="step", cat="step", rank=self.rank, step=step, start_s=start,
+                       dur_s=dur, stream="step"))
+        self.drain()
 
     @contextmanager
     def phase_span(self, name: str, **attrs: Any) -> Iterator[None]:
         """A phase of the current step; phases of the same name in one step add up."""
-        start = self.now()
+        start = self.now() if self._cursor is None else self._cursor
         outer, self.phase = self.phase, name
         try:
             yield
             self._device_sync()
         finally:
             self.phase = outer
-        dur = self.now() - start
+        end = self.now()
+        if self._cursor is not None:
+            self._cursor = end
+        dur = end - start
         self.phase_s[self.step][name] += dur
-        if self.tap is not None:
-            self.tap.flush()
-        self.write(Span(name=name, cat="phase", rank=self.rank, step=self.step, start_s=start,
-                        dur_s=dur, stream="phase", attrs=attrs))
+        self.emit(Span(name=name, cat="phase", rank=self.rank, step=self.step, start_s=start,
+                       dur_s=dur, stream="phase", attrs=attrs))
 
     @contextmanager
     def host_span(self, name: str, step: int, **attrs: Any) -> Iterator[dict[str, Any]]:
@@ -128,14 +157,17 @@ class Tracer:
         try:
             yield extra
             self._device_sync()
+        except BaseException:
+            self.drain()
+            raise
         finally:
             self.step, self.phase = outer
-        if self.tap is not None:
-            self.tap.flush(device_sync=True)
-        self.write(Span(name=name, cat="host", rank=self.rank, step=step, start_s=start,
-                        dur_s=self.now() - start, stream="host", attrs=extra))
+        self.emit(Span(name=name, cat="host", rank=self.rank, step=step, start_s=start,
+                       dur_s=self.now() - start, stream="host", attrs=extra))
+        self.drain()
 
     def close(self) -> None:
-        if self.tap is not None:
-            self.tap.flush(final=True)
-        self.writer.close()
+        if not self._closed:
+            self._closed = True
+            self.drain(final=True)
+            self.writer.close()

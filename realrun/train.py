@@ -150,7 +150,7 @@ class Trainer:
                              device=device, sync_per_phase=sc.runtime.host.sync_per_phase)
         self.tap = CollectiveTap(
             rank=self.rank, clock=self.tracer.now, where=self.tracer.where,
-            kind_of=self.mesh.kind_of, write=self.tracer.write, timeout_s=self.args.timeout_s,
+            kind_of=self.mesh.kind_of, write=self.tracer.emit, timeout_s=self.args.timeout_s,
             cuda=device.type == "cuda",
         )
         self.tracer.attach(self.tap)
@@ -271,18 +271,23 @@ class Trainer:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _aggregate(self, step: int, round_index: int) -> None:
+        """One FedAvg round; with --dump-fedavg, the shards before and after (the copying and
+        saving count as "other")."""
         assert self.fedavg is not None
-        pre = [t.detach().clone() for t in local_shards(self.model)] if self.args.dump_fedavg \
-            else None
+        dump = self.args.dump_fedavg
+        if dump:
+            with self.tracer.phase_span("other", dump="fedavg"):
+                pre = [t.detach().clone() for t in local_shards(self.model)]
         with self.tracer.phase_span("aggregation", round=round_index):
             self.fedavg()
-        if pre is not None:
-            names = [n for n, _ in self.model.named_parameters()]
-            post = [t.detach().clone() for t in local_shards(self.model)]
-            path = self.out / "fedavg" / f"round{round_index}_rank{self.rank}.pt"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"step": step, "rank": self.rank, "coords": self.mesh.coords,
-                        "names": names, "pre": pre, "post": post}, path)
+        if dump:
+            with self.tracer.phase_span("other", dump="fedavg"):
+                post = [t.detach().clone() for t in local_shards(self.model)]
+                path = self.out / "fedavg" / f"round{round_index}_rank{self.rank}.pt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({"step": step, "rank": self.rank, "coords": self.mesh.coords,
+                            "names": [n for n, _ in self.model.named_parameters()],
+                            "pre": pre, "post": post}, path)
 
     def _start_profiler(self) -> Any:
         acts = [torch.profiler.ProfilerActivity.CPU]
