@@ -170,10 +170,13 @@ class CollectiveTap:
 
     # ---- writing ----------------------------------------------------------------------------
     def mark_device_reference(self) -> None:
-        """CUDA: a reference event at a known host time (call after a device sync)."""
+        """CUDA: a reference event at a known host time: the device is drained first, so the
+        event runs as soon as it is recorded."""
         if self._cuda:
+            torch.cuda.synchronize()
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
+            ev.synchronize()
             self._ref = (ev, self._clock())
 
     def flush(self, device_sync: bool = False, final: bool = False) -> None:

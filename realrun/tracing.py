@@ -150,6 +150,8 @@ class Tracer:
         """Work outside the training steps (evaluation, hashing): a "host" span; collectives
         inside it carry `phase=name`. The yielded dict adds attrs."""
         self._device_sync()
+        if self.tap is not None:
+            self.tap.mark_device_reference()
         outer = self.step, self.phase
         self.step, self.phase = step, name
         start = self.now()
