@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from simfed.spec import AlgorithmSpec, Scenario
+from simfed.spec import AlgorithmSpec, Scenario, SpecError
 
 from .errors import RealrunError
 
@@ -45,3 +46,13 @@ def parse_window(text: str) -> tuple[int, int] | None:
     if not sep or not 0 <= lo < hi:
         raise RealrunError(f"--profile-steps {text!r}: expected A:B with 0 <= A < B")
     return lo, hi
+
+
+def resolve_data_path(path: str, scenario_path: Path | None) -> Path:
+    """data.path as given, or else relative to the scenario file."""
+    p = Path(path)
+    if not p.is_absolute() and not p.exists() and scenario_path is not None:
+        p = scenario_path.parent / p
+    if not p.exists():
+        raise SpecError(f"data.path: file not found: {path}")
+    return p

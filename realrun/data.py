@@ -25,6 +25,8 @@ import torch
 
 from simfed.spec import Scenario, SpecError
 
+from .config import resolve_data_path
+
 TRAIN_STREAM, EVAL_STREAM = 0, 1
 
 
@@ -119,15 +121,6 @@ class TokenCorpus:
         return f"{self.source}: {self.train_blocks} training blocks of {self.seq_len + 1} tokens"
 
 
-def _resolve(path: str, scenario_path: Path | None) -> Path:
-    p = Path(path)
-    if not p.is_absolute() and not p.exists() and scenario_path is not None:
-        p = scenario_path.parent / p
-    if not p.exists():
-        raise SpecError(f"data.path: file not found: {path}")
-    return p
-
-
 def load_corpus(scenario: Scenario, scenario_path: Path | None = None
                 ) -> SyntheticCorpus | TokenCorpus:
     data, t, m = scenario.data, scenario.training, scenario.model
@@ -137,7 +130,7 @@ def load_corpus(scenario: Scenario, scenario_path: Path | None = None
                                seed=scenario.seed)
     if not data.path:
         raise SpecError(f"data.path: required for data.source {data.source}")
-    path = _resolve(data.path, scenario_path)
+    path = resolve_data_path(data.path, scenario_path)
     if data.source == "text":
         tokens = np.frombuffer(path.read_bytes(), dtype=np.uint8)  # byte-level tokens
     elif path.suffix == ".npy":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from simfed.spec import load_scenario, read_trace
 
-from .config import parse_overrides, parse_window, select_algorithms
+from .config import parse_overrides, parse_window, resolve_data_path, select_algorithms
 from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_PEER_LOST, RealrunError
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -48,6 +48,10 @@ def validate(req: RunRequest) -> tuple[int, bool]:
     """Check what can be checked before starting processes; returns (nproc, debug detail)."""
     sc = load_scenario(req.scenario, parse_overrides(req.overrides))
     select_algorithms(sc, req.algorithm)
+    if sc.data.source != "synthetic":
+        if not sc.data.path:
+            raise RealrunError(f"data.path: required for data.source {sc.data.source}")
+        resolve_data_path(sc.data.path, Path(req.scenario))
     parse_window(req.profile_steps)
     world = sc.cluster.world
     nproc = world if req.nproc is None else req.nproc

@@ -47,6 +47,9 @@ def test_help_lists_run_bench_and_testbed():
     (["--algorithm", "fl_hsdp", "--set", "algorithms.fl_hsdp.shard_size=3"],
      "shard_size: 3 does not divide the 2 GPUs of a group"),
     (["--algorithm", "fsdp", "--kill-rank", "4"], "--kill-rank 4: ranks are 0..3"),
+    (["--algorithm", "fsdp", "--set", "data.source=tokens", "--set", "data.path=nope.npy"],
+     "data.path: file not found: nope.npy"),
+    (["--algorithm", "fsdp", "--profile-steps", "3:1"], "--profile-steps '3:1': expected A:B"),
 ])
 def test_run_rejects_bad_input_in_one_line(tmp_path, args, expected):
     res = _cli("run", CPU4, "--out", str(tmp_path / "o"), *args)
