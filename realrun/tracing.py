@@ -11,6 +11,9 @@ per-phase timers do).
 Writing: spans of a step are kept in memory and written (one flushed line each) when the step
 ends, so the file I/O falls between steps, outside the timed step, and shows as a "host" span
 `trace_write`; a crash loses at most the step in progress.
+Outside the steps: evaluation of the untrained model has step -1; the final evaluation and the
+model hash have step = steps. They are "host" spans, and their collectives carry attrs.phase
+"eval_untrained" / "eval", so `0 <= step < steps` selects the training steps.
 """
 
 from __future__ import annotations

@@ -146,6 +146,10 @@ def test_traces_tag_the_run_and_follow_the_plans_process_groups(four):
             assert [x.step for x in fed] == (s["fedavg"]["steps"] if s["fedavg"] else [])
             assert all(x.name == "all_reduce" and x.attrs["phase"] == "aggregation"
                        and x.nbytes == s["fedavg"]["nbytes_per_rank"] for x in fed)
+            if name == "fsdp":  # backward_prefetch none: next block's all-gather after the RS
+                ops = [x.name for x in comm if x.step == 1 and x.attrs["phase"] == "backward"]
+                assert ops == (["all_gather"] + ["all_gather", "reduce_scatter"] * SC.model.layers
+                               + ["reduce_scatter"])
             steps = {x.step: x for x in spans if x.cat == "step"}
             assert sorted(steps) == list(range(SC.training.steps))
             for step, st in steps.items():  # phases tile the step, back to back
