@@ -83,6 +83,32 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
 
 
 @main.command()
+@click.option("--scenario", default="scenarios/512gpu.yaml", show_default=True,
+              type=click.Path(dir_okay=False))
+@click.option("--quick", is_flag=True, help="Only the 512-GPU cases.")
+@click.option("--repeat", default=1, show_default=True, help="Best of N runs per case.")
+def bench(scenario: str, quick: bool, repeat: int) -> None:
+    """Measure the simulator: wall time and simulated events per second."""
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .bench import cases, run_case
+
+    table = Table(title="simfed benchmark (wall time of simulate(), this machine)")
+    for col in ("case", "GPUs", "actors", "wall", "events", "events/s"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    console = Console()
+    for case in cases(quick):
+        r = run_case(Path(scenario), case, repeat)
+        table.add_row(r["case"], f"{r['gpus']:,}", str(r["actors"]), f"{r['wall_s']:.2f} s",
+                      f"{r['events']:,}", f"{r['events_per_s']:,.0f}")
+        console.print(f"  {r['case']}: {r['wall_s']:.2f} s", highlight=False)
+    console.print(table)
+
+
+@main.command()
 def schema() -> None:
     """Print every scenario key with its type, default and meaning."""
     from .spec.scenario import Scenario

@@ -6,6 +6,11 @@ degraded links break that symmetry; the partition is then refined (as in bisimul
 ranks share an actor only if they have the same compute factors and their process groups contain
 the same actors. Collectives rendezvous per *component*: the actors joined by the instances of one
 process-group kind.
+
+Ranks of one shard group run in lockstep: every unit's all-gather and reduce-scatter joins them,
+so the slowest member reaches every one of them last (all durations grow with the compute factor
+and every rendezvous takes the latest arrival). They are simulated as one actor whose compute
+factor at each step is the slowest member's; so FSDP with per-GPU jitter is one actor.
 """
 
 from __future__ import annotations
@@ -55,8 +60,8 @@ class Partition:
     component_of: dict[str, list[int]] = field(default_factory=dict)  # kind -> actor -> comp
 
 
-def rank_factors(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int
-                 ) -> tuple[list[tuple], dict[tuple, np.ndarray]]:
+def rank_factors(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int,
+                 lockstep: bool = True) -> tuple[list[tuple], dict[tuple, np.ndarray]]:
     """Per rank, a hashable key of its compute-factor sequence, and the sequences by key."""
     node_f = defaultdict(lambda: 1.0)
     for s in strag.slow_nodes:
@@ -77,7 +82,7 @@ def rank_factors(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int
             table = rng.uniform(1 - j.sigma, 1 + j.sigma, size=(count, steps))
             table = np.maximum(table, 1e-3)
         draws = {i: table[i] for i in range(count)}
-    keys: list[tuple] = []
+    own: list[tuple] = []
     seqs: dict[tuple, np.ndarray] = {}
     for r in range(plan.world):
         node = plan.node_of(r)
@@ -87,28 +92,39 @@ def rank_factors(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int
         if key not in seqs:
             base = np.full(steps, static)
             seqs[key] = base * draws[jid] if jid is not None else base
-        keys.append(key)
+        own.append(key)
+    if not lockstep:
+        return own, seqs
+    # lockstep shard groups: each member takes the slowest member's factor at every step
+    keys: list[tuple] = [()] * plan.world
+    for inst in plan.process_groups["shard"]:
+        members = tuple(sorted(set(own[r] for r in inst)))
+        key = members[0] if len(members) == 1 else ("max", *members)
+        if key not in seqs:
+            seqs[key] = np.max(np.stack([seqs[m] for m in members]), axis=0)
+        for r in inst:
+            keys[r] = key
     return keys, seqs
 
 
 def partition(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int,
-              kinds: tuple[str, ...] = PG_KINDS) -> Partition:
-    keys, seqs = rank_factors(plan, strag, steps, seed)
+              kinds: tuple[str, ...] = PG_KINDS, lockstep: bool = True) -> Partition:
+    """Actors of a plan; `lockstep=False` keeps every shard-group member apart (slow; tests)."""
+    keys, seqs = rank_factors(plan, strag, steps, seed, lockstep)
     nic_f = defaultdict(lambda: 1.0)
     for d in strag.degraded_nics:
         nic_f[d.node] *= d.factor
     world = plan.world
-    groups = {k: [plan.group_of(k, r) for r in range(world)] for k in kinds}
     # initial classes: compute factors and the NIC health of the rank's node
     label = _relabel([(keys[r], nic_f[plan.node_of(r)]) for r in range(world)])
-    while True:
-        sig = []
-        for r in range(world):
-            parts: list = [label[r]]
-            for k in kinds:
-                parts.append(tuple(sorted({label[x] for x in groups[k][r]})))
-            sig.append(tuple(parts))
-        new = _relabel(sig)
+    while max(label) > 0:  # refine: same class only if the process groups hold the same classes
+        sig: list[list] = [[lab] for lab in label]
+        for k in kinds:
+            for inst in plan.process_groups[k]:
+                held = tuple(sorted({label[x] for x in inst}))
+                for r in inst:
+                    sig[r].append(held)
+        new = _relabel([tuple(x) for x in sig])
         if max(new) == max(label):
             break
         label = new

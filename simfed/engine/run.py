@@ -17,8 +17,9 @@ from ..spec.schema import SpecError
 from ..spec.trace import PHASES, Span
 from ..spec.units import us_to_s
 from .actors import partition
-from .program import HOSTWORK, StepTimes, build_program
+from .program import StepTimes, build_program
 from .sim import Simulation
+from .timeline import actor_spans, busy_and_exposed, peak_unsharded_bytes, step_bounds
 
 
 @dataclass
@@ -39,7 +40,7 @@ def aggregate_steps(steps: int, every: int) -> set[int]:
 
 
 def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False,
-                       trace_steps: int | None = None) -> AlgorithmRun:
+                       trace_steps: int | None = None, lockstep: bool = True) -> AlgorithmRun:
     info = algorithm_info(alg.name)
     hw = Hardware.from_spec(scn.cluster, scn.runtime)
     plan = alg.plan(scn.cluster)
@@ -64,50 +65,19 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         flag: build_program(alg, times, scn.runtime.host, launch_s, aggregate=flag)
         for flag in (False, True)
     }
-    part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS)
+    part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS, lockstep)
     sim = Simulation(hw=hw, plan=plan, part=part, programs=programs, aggregate_steps=agg_steps,
-                     steps=steps, comm=scn.runtime.comm, host=scn.runtime.host, trace=trace,
-                     trace_steps=trace_steps)
-    sim.unit_nbytes = dict(enumerate(times.unit_nbytes))
+                     steps=steps, comm=scn.runtime.comm, host=scn.runtime.host)
     sim.run()
     result = _summarise(scn, alg, plan, hw, sim, times, agg_steps)
-    spans = sim.spans
+    spans: list[Span] = []
     if trace:
-        spans = spans + _phase_spans(sim, agg_steps, trace_steps or steps)
+        for a in range(len(sim.states)):
+            spans.extend(actor_spans(sim, a, trace_steps or steps))
         spans.sort(key=lambda s: (s.rank, s.start_s, s.stream, s.name))
-    return AlgorithmRun(result=result, spans=spans, events=_event_count(sim))
-
-
-def _event_count(sim: Simulation) -> int:
-    # SimPy's environment counts scheduled events in its event id counter
-    return int(next(sim.env._eid))
-
-
-def _step_bounds(sim: Simulation, actor: int, agg_steps: set[int]) -> list[list[float]]:
-    """Per step: [start, other end, forward end, backward end, optimizer end, aggregation end].
-    Phases are consecutive on the actor's timeline, so they sum to the step time."""
-    st = sim.states[actor]
-    out = []
-    start = 0.0
-    for step in range(sim.steps):
-        prog = sim._program(step)
-        done = st.done[step]
-        ends = dict.fromkeys(range(len(PHASES)), start)
-        other_host = start
-        for op in prog.ops:
-            t = done[op.idx]
-            if op.kind == HOSTWORK:
-                other_host = max(other_host, t)
-            elif t > ends[op.phase]:
-                ends[op.phase] = t
-        b_other = other_host
-        b_fwd = max(b_other, ends[PHASES.index("forward")])
-        b_bwd = max(b_fwd, ends[PHASES.index("backward")])
-        b_opt = max(b_bwd, ends[PHASES.index("optimizer")])
-        b_agg = max(b_opt, ends[PHASES.index("aggregation")], st.host_end[step])
-        out.append([start, b_other, b_fwd, b_bwd, b_opt, b_agg])
-        start = b_agg
-    return out
+    ops = sum(len(sim._program(s).ops) for s in range(steps)) * len(sim.states)
+    result["sim_ops"] = ops
+    return AlgorithmRun(result=result, spans=spans, events=ops)
 
 
 def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simulation,
@@ -115,7 +85,7 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
     info = algorithm_info(alg.name)
     train = scn.training
     steps = train.steps
-    bounds = {a: _step_bounds(sim, a, agg_steps) for a in range(len(sim.states))}
+    bounds = {a: step_bounds(sim, a) for a in range(len(sim.states))}
     critical = max(bounds, key=lambda a: (bounds[a][-1][-1], -a))
     b = bounds[critical]
     total_s = b[-1][-1]
@@ -137,8 +107,9 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
     steps_per_epoch = scn.dataset_sequences / samples_step
     epoch_s = step_time * steps_per_epoch
     flops_token = scn.model.train_flops_per_token(train.seq_len, scn.runtime.compute.causal_skip)
-    st = sim.states[critical]
-    peak_unsharded = max(s.peak_live_bytes for s in sim.states)
+    compute_s, exposed_s = busy_and_exposed(sim, critical)
+    peak_unsharded = max(peak_unsharded_bytes(sim, a, times.unit_nbytes)
+                         for a in range(len(sim.states)))
     mem = memory_breakdown(scn.model, train, scn.runtime.memory, shard=plan.shard,
                            peak_unsharded_units_bytes=peak_unsharded)
     bytes_step = {k: sim.bytes_by_kind[k] / steps for k in LINK_KINDS}
@@ -166,8 +137,8 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
         "mfu": flops_token * tokens_step / step_time / (world * hw.peak_flops),
         "phases_s": phases,
         "aggregation_per_event_s": (sum(agg_events) / len(agg_events)) if agg_events else 0.0,
-        "compute_s": st.compute_s / steps,
-        "exposed_comm_s": st.exposed_comm_s / steps,
+        "compute_s": compute_s / steps,
+        "exposed_comm_s": exposed_s / steps,
         "debug_checks_s": checks,
         "bytes_by_link": bytes_step,
         "bytes_by_link_per_gpu": {k: v / world for k, v in bytes_step.items()},
@@ -180,20 +151,6 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
         "actors": len(sim.states),
         "critical_rank": sim.part.actors[critical].rank,
     }
-
-
-def _phase_spans(sim: Simulation, agg_steps: set[int], trace_steps: int) -> list[Span]:
-    spans = []
-    for a, actor in enumerate(sim.part.actors):
-        for step, row in enumerate(_step_bounds(sim, a, agg_steps)[:trace_steps]):
-            names = ("other", "forward", "backward", "optimizer", "aggregation")
-            for i, name in enumerate(names):
-                if row[i + 1] > row[i]:
-                    spans.append(Span(name=name, cat="phase", rank=actor.rank, step=step,
-                                      start_s=row[i], dur_s=row[i + 1] - row[i], stream="phase"))
-            spans.append(Span(name=f"step {step}", cat="step", rank=actor.rank, step=step,
-                              start_s=row[0], dur_s=row[-1] - row[0], stream="step"))
-    return spans
 
 
 def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool = False,
@@ -227,7 +184,7 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
         "tokens_per_step": scn.global_tokens_per_step,
         "baseline": base["name"],
         "algorithms": runs,
-        "simulated_events": events,
+        "simulated_ops": events,
     }
     if any(math.isnan(r["step_time_s"]) for r in runs):
         raise SpecError("simulation produced no step time")

@@ -6,13 +6,20 @@ Per actor (a class of identical ranks, see `actors.py`):
   the collective's group), blocks at synchronisation points, and otherwise runs ahead of the GPU;
 - one process per GPU stream runs the ops issued to it in order, once the host has issued them
   and their cross-stream dependencies are done; a collective starts when every actor of its
-  component has reached it, then moves its bytes over the shared links (`FlowNetwork`).
-Done/issued times are kept in arrays; SimPy events are created only when a process must wait.
+  component has reached it, then moves its bytes over the links (`FlowNetwork`).
+
+Time is *determined* before it is *reached*: a compute op's end is known the moment its start
+is, so a process records it and moves on without waiting for the clock; processes yield to SimPy
+only when they need a time nobody has determined yet (another actor's arrival, a transfer on a
+shared link). A collective whose links no other communicator can load ("private" links, found
+statically) also has a closed-form duration. Shared links go through the fluid network, which
+advances with the clock. This keeps the event count proportional to real interactions, not ops.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -25,10 +32,9 @@ from ..network.geometry import RingLoad, ring_load
 from ..network.links import GLOBAL, LEAF_UP, LINK_KINDS, NIC, NVLINK, LinkClass
 from ..spec.plan import ParallelPlan
 from ..spec.scenario import CommRuntime, HostRuntime
-from ..spec.trace import Span
 from ..spec.units import us_to_s
 from .actors import Partition
-from .program import COLL, COMPUTE, HOSTWORK, STREAMS, SYNC, Op, Program
+from .program import COLL, COMPUTE, HOSTWORK, SYNC, Op, Program
 
 _INF = math.inf
 
@@ -40,6 +46,8 @@ class CollectivePlan:
     phases: list[tuple[float, dict[int, float]]]
     bytes_by_kind: dict[str, float]  # over the whole cluster, all instances of the component
     size: int
+    private: bool = False  # no other communicator can load its links
+    solo_s: float = 0.0  # duration alone on the network (latency + bandwidth terms)
 
 
 @dataclass
@@ -48,43 +56,45 @@ class ActorState:
     issued: list[list[float]] = field(default_factory=list)  # [step][op] host issue time
     started: list[list[float]] = field(default_factory=list)
     done: list[list[float]] = field(default_factory=list)  # [step][op] completion time
-    waiters: dict[tuple[str, int, int], simpy.Event] = field(default_factory=dict)
+    check_s: list[list[float]] = field(default_factory=list)  # host debug-check wait per op
+    waiters: dict[tuple[int, int, int], simpy.Event] = field(default_factory=dict)
     host_end: list[float] = field(default_factory=list)  # [step] host finished the step
-    # exposed-communication accounting (comm active while the compute stream idles)
-    compute_busy: bool = False
-    comm_active: int = 0
-    last_s: float = 0.0
-    exposed_comm_s: float = 0.0
-    compute_s: float = 0.0
-    # unsharded-parameter buffers alive (FSDP all-gathers running ahead)
-    live_units: int = 0
-    live_bytes: float = 0.0
-    peak_live_bytes: float = 0.0
+
+
+_ISSUED, _DONE = 0, 1
+
+
+class _Rendezvous:
+    __slots__ = ("arrived", "event", "latest", "result")
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self.latest = 0.0
+        self.result = _INF
+        self.event: simpy.Event | None = None
 
 
 class Simulation:
     def __init__(self, *, hw: Hardware, plan: ParallelPlan, part: Partition,
                  programs: dict[bool, Program], aggregate_steps: set[int], steps: int,
-                 comm: CommRuntime, host: HostRuntime, trace: bool = False,
-                 trace_steps: int | None = None):
+                 comm: CommRuntime, host: HostRuntime):
         self.env = simpy.Environment()
         self.hw, self.plan, self.part = hw, plan, part
         self.programs = programs
         self.aggregate_steps = aggregate_steps
         self.steps = steps
         self.comm, self.host = comm, host
-        self.trace = trace
-        self.trace_steps = steps if trace_steps is None else trace_steps
-        self.spans: list[Span] = []
         self.links = self._link_classes()
         self.net = FlowNetwork(self.env, [lc.capacity_Bps for lc in self.links])
         self._loads: dict[tuple, RingLoad] = {}
         self._coll_cache: dict[tuple, CollectivePlan] = {}
-        self._rv: dict[tuple, list] = {}
+        self._rv: dict[tuple, _Rendezvous] = {}
         self.bytes_by_kind = dict.fromkeys(LINK_KINDS, 0.0)
-        self.events_collectives = 0
+        self.collectives_run = 0
         self.states = [ActorState(index=a.index) for a in part.actors]
-        self.unit_nbytes: dict[int, int] = {}
+        self._private_links = self._find_private_links()
+        # per process-group kind: host debug-check cost (instances of a kind have one size)
+        self._check = {k: self.debug_check_s(c[0].size) for k, c in part.components.items()}
 
     # ---- links --------------------------------------------------------------------------
     def _link_classes(self) -> list[LinkClass]:
@@ -97,26 +107,45 @@ class Simulation:
             count[c] += 1
         for c in range(nclasses):
             nic_f = part.nic_factor_of_class[c]
-            for kind, cap, n in (
-                (NVLINK, hw.nvlink_Bps * hw.nvlink_efficiency, count[c] * hw.gpus_per_node),
-                (NIC, hw.rail_Bps * hw.nic_efficiency * nic_f, count[c] * hw.rails),
+            for kind, cap, subs in (
+                (NVLINK, hw.nvlink_Bps * hw.nvlink_efficiency, hw.gpus_per_node),
+                (NIC, hw.rail_Bps * hw.nic_efficiency * nic_f, hw.rails),
             ):
-                self._link_ix[(kind, c)] = len(links)
-                links.append(LinkClass(len(links), kind, c, cap, n))
+                for sub in range(subs):  # one class per GPU / rail position in the node
+                    self._link_ix[(kind, c, sub)] = len(links)
+                    links.append(LinkClass(len(links), kind, c, cap, count[c]))
         leaves = max(1, -(-hw.nodes // hw.nodes_per_leaf))
         groups = max(1, -(-hw.nodes // hw.nodes_per_group))
         for kind, cap, n in (
             (LEAF_UP, hw.leaf_uplink_Bps * hw.nic_efficiency, leaves),
             (GLOBAL, hw.group_global_Bps * hw.nic_efficiency, groups),
         ):
-            self._link_ix[(kind, -1)] = len(links)
+            self._link_ix[(kind, -1, 0)] = len(links)
             links.append(LinkClass(len(links), kind, -1, cap, n))
         return links
 
-    def _link_index(self, kind: str, node: int) -> int:
+    def _link_index(self, kind: str, node: int, sub: int) -> int:
         if node < 0:
-            return self._link_ix[(kind, -1)]
-        return self._link_ix[(kind, self.part.node_class[node])]
+            return self._link_ix[(kind, -1, 0)]
+        return self._link_ix[(kind, self.part.node_class[node], sub)]
+
+    def _find_private_links(self) -> set[int]:
+        """Links that only one communicator (process-group kind x component) can load: its
+        collectives run one at a time, so they never compete there."""
+        users: dict[int, set[tuple[str, int]]] = defaultdict(set)
+        for prog in self.programs.values():
+            for op in prog.ops:
+                if op.kind != COLL:
+                    continue
+                for comp in self.part.components[op.pg]:
+                    plan = self.collective(op.pg, comp.index, op.coll, op.nbytes)
+                    for _lat, demand in plan.phases:
+                        for link in demand:
+                            users[link].add((op.pg, comp.index))
+        private = {link for link, who in users.items() if len(who) == 1}
+        for plan in self._coll_cache.values():  # every collective the programs can issue
+            plan.private = all(link in private for _l, d in plan.phases for link in d)
+        return private
 
     def collective(self, kind: str, comp: int, op: str, nbytes: int) -> CollectivePlan:
         key = (kind, comp, op, nbytes)
@@ -127,18 +156,22 @@ class Simulation:
         impl = collective_impl(self.comm.collective)
         phases = []
         kinds = dict.fromkeys(LINK_KINDS, 0.0)
-        for ph in impl(op, component.instances, self.hw.gpus_per_node):
-            lkey = (kind, comp, ph.instances)
+        solo = 0.0
+        for i, ph in enumerate(impl(op, component.instances, self.hw.gpus_per_node)):
+            lkey = (kind, comp, op, i)  # phase i of `op` always spans the same instances
             load = self._loads.get(lkey)
             if load is None:
                 load = self._loads[lkey] = ring_load(self.hw, ph.instances, self._link_index)
             e_bytes = ph.e_factor * nbytes
             latency = (us_to_s(self.comm.launch_us)
                        + ph.steps * (load.hop_latency_s + us_to_s(self.comm.step_latency_us)))
-            phases.append((latency, {c: d * e_bytes for c, d in load.demand_per_E.items()}))
+            demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
+            phases.append((latency, demand))
+            solo += latency + self.net.solo_time_s(demand)
             for k, b in load.bytes_per_E.items():
                 kinds[k] += b * e_bytes
-        plan = self._coll_cache[key] = CollectivePlan(phases, kinds, component.size)
+        plan = CollectivePlan(phases, kinds, component.size, solo_s=solo)
+        self._coll_cache[key] = plan
         return plan
 
     def debug_check_s(self, size: int) -> float:
@@ -151,165 +184,162 @@ class Simulation:
         rank0 = us_to_s(self.host.gloo_rank0_msg_us)
         return (size - 1) * hop + 2 * (size - 1) * rank0 + 2 * hop
 
-    # ---- waiting helpers ----------------------------------------------------------------
-    def _wait(self, st: ActorState, table: str, step: int, idx: int) -> simpy.Event | None:
-        arr = getattr(st, table)
-        if step < len(arr) and arr[step][idx] <= self.env.now and arr[step][idx] < _INF:
-            return None
+    # ---- determined times ---------------------------------------------------------------
+    def _known(self, st: ActorState, table: int, step: int, idx: int) -> float:
+        arr = st.issued if table == _ISSUED else st.done
+        return arr[step][idx] if step < len(arr) else _INF
+
+    def _wait(self, st: ActorState, table: int, step: int, idx: int) -> simpy.Event:
         key = (table, step, idx)
         ev = st.waiters.get(key)
         if ev is None:
             ev = st.waiters[key] = self.env.event()
         return ev
 
-    def _mark(self, st: ActorState, table: str, step: int, idx: int) -> None:
-        getattr(st, table)[step][idx] = self.env.now
+    def _set(self, st: ActorState, table: int, step: int, idx: int, t: float) -> None:
+        (st.issued if table == _ISSUED else st.done)[step][idx] = t
         ev = st.waiters.pop((table, step, idx), None)
         if ev is not None:
             ev.succeed()
 
-    def _tick(self, st: ActorState) -> None:
-        now = self.env.now
-        if not st.compute_busy and st.comm_active > 0:
-            st.exposed_comm_s += now - st.last_s
-        st.last_s = now
-
-    # ---- processes ----------------------------------------------------------------------
     def _program(self, step: int) -> Program:
         return self.programs[step in self.aggregate_steps]
 
+    # ---- processes ----------------------------------------------------------------------
     def _host(self, st: ActorState) -> Iterator[simpy.Event]:
-        env = self.env
+        h = 0.0  # the host thread's clock: it may run ahead of the simulation clock
         for step in range(self.steps):
             prog = self._program(step)
             n = len(prog.ops)
             st.issued.append([_INF] * n)
             st.started.append([_INF] * n)
             st.done.append([_INF] * n)
+            st.check_s.append([0.0] * n)
             for op in prog.ops:
-                if op.host_s:
-                    yield env.timeout(op.host_s)
+                h += op.host_s
                 if op.kind == SYNC:
                     for w in op.waits:
-                        ev = self._wait(st, "done", step, w)
-                        if ev is not None:
-                            yield ev
-                    st.issued[step][op.idx] = st.done[step][op.idx] = env.now
+                        t = self._known(st, _DONE, step, w)
+                        if t == _INF:
+                            yield self._wait(st, _DONE, step, w)
+                            t = st.done[step][w]
+                        h = max(h, t)
+                    st.issued[step][op.idx] = st.started[step][op.idx] = h
+                    st.done[step][op.idx] = h
                     continue
                 if op.kind == HOSTWORK:
-                    start = env.now
-                    yield env.timeout(op.duration_s)
-                    st.started[step][op.idx] = start
-                    st.done[step][op.idx] = env.now
-                    st.issued[step][op.idx] = start
-                    self._span(st, step, op, start, env.now, "host")
+                    st.issued[step][op.idx] = st.started[step][op.idx] = h
+                    h += op.duration_s
+                    st.done[step][op.idx] = h
                     continue
                 if op.kind == COLL:
-                    comp = self.part.component_of[op.pg][st.index]
-                    size = self.part.components[op.pg][comp].size
-                    check = self.debug_check_s(size)
+                    check = self._check[op.pg]
                     if check:
-                        yield self._rendezvous(("host", op.pg, comp, step, op.idx), st,
-                                               lambda c=check: env.timeout(c))
-                        self._span(st, step, op, env.now - check, env.now, "host",
-                                   name="debug check " + op.name)
-                self._mark(st, "issued", step, op.idx)
-            st.host_end.append(env.now)
+                        comp = self.part.component_of[op.pg][st.index]
+                        arrive = h
+                        rv, last = self._arrive(("host", op.pg, comp, step, op.idx), op.pg,
+                                                comp, h)
+                        if last:  # everyone's host is here: fingerprint + monitored barrier
+                            self._resolve(rv, rv.latest + check)
+                        if rv.result == _INF:
+                            yield self._rv_event(rv)
+                        h = rv.result
+                        st.check_s[step][op.idx] = h - arrive
+                self._set(st, _ISSUED, step, op.idx, h)
+            st.host_end.append(h)
+        # the host's last clock reading is a time in the future of the GPU work it issued
 
     def _stream(self, st: ActorState, stream: int) -> Iterator[simpy.Event]:
-        env = self.env
         factors = [float(f) for f in self.part.actors[st.index].factors]
+        free = 0.0  # the stream's own clock: when its last op ends
         for step in range(self.steps):
             prog = self._program(step)
             for op in prog.stream_ops[stream]:
-                ev = self._wait(st, "issued", step, op.idx)
-                if ev is not None:
-                    yield ev
+                t = self._known(st, _ISSUED, step, op.idx)
+                if t == _INF:
+                    yield self._wait(st, _ISSUED, step, op.idx)
+                    t = st.issued[step][op.idx]
+                start = max(free, t)
                 for d in op.deps:
-                    ev = self._wait(st, "done", step, d)
-                    if ev is not None:
-                        yield ev
+                    t = self._known(st, _DONE, step, d)
+                    if t == _INF:
+                        yield self._wait(st, _DONE, step, d)
+                        t = st.done[step][d]
+                    start = max(start, t)
                 if op.after_prev_step and step > 0:
-                    prev = self._program(step - 1)
-                    ev = self._wait(st, "done", step - 1, prev.last)
-                    if ev is not None:
-                        yield ev
-                start = env.now
+                    last = self._program(step - 1).last
+                    t = self._known(st, _DONE, step - 1, last)
+                    if t == _INF:
+                        yield self._wait(st, _DONE, step - 1, last)
+                        t = st.done[step - 1][last]
+                    start = max(start, t)
                 st.started[step][op.idx] = start
-                if op.alloc_unit >= 0:
-                    st.live_units += 1
-                    st.live_bytes += op.nbytes
-                    st.peak_live_bytes = max(st.peak_live_bytes, st.live_bytes)
                 if op.kind == COMPUTE:
-                    dur = op.duration_s * factors[step]
-                    self._tick(st)
-                    st.compute_busy = True
-                    if dur > 0:
-                        yield env.timeout(dur)
-                    self._tick(st)
-                    st.compute_busy = False
-                    st.compute_s += dur
+                    end = start + op.duration_s * factors[step]
                 else:
                     comp = self.part.component_of[op.pg][st.index]
-                    self._tick(st)
-                    st.comm_active += 1
-                    yield self._rendezvous(("gpu", op.pg, comp, step, op.idx), st,
-                                           lambda o=op, c=comp: self._run_collective(o, c))
-                    self._tick(st)
-                    st.comm_active -= 1
-                if op.free_unit >= 0:
-                    st.live_units -= 1
-                    st.live_bytes -= self.unit_nbytes.get(op.free_unit, 0)
-                self._mark(st, "done", step, op.idx)
-                self._span(st, step, op, start, env.now, STREAMS[stream])
+                    rv, last = self._arrive(("gpu", op.pg, comp, step, op.idx), op.pg, comp,
+                                            start)
+                    if last:
+                        self._launch(rv, op, comp)
+                    if rv.result == _INF:
+                        yield self._rv_event(rv)
+                    end = rv.result
+                free = end
+                self._set(st, _DONE, step, op.idx, end)
 
-    def _rendezvous(self, key: tuple, st: ActorState, start) -> simpy.Event:
-        """All actors of the component arrive, then `start()` runs once; everyone waits on
-        the event it returns."""
-        pg, comp = key[1], key[2]
-        members = self.part.components[pg][comp].actors
-        if len(members) == 1:
-            return start()
+    # ---- rendezvous and collectives -----------------------------------------------------
+    def _members(self, pg: str, comp: int) -> int:
+        return len(self.part.components[pg][comp].actors)
+
+    def _arrive(self, key: tuple, pg: str, comp: int, t: float) -> tuple[_Rendezvous, bool]:
+        """Join a rendezvous at time t; True when this arrival completes it."""
+        members = self._members(pg, comp)
+        if members == 1:
+            rv = _Rendezvous()
+            rv.arrived, rv.latest = 1, t
+            return rv, True
         rv = self._rv.get(key)
         if rv is None:
-            rv = self._rv[key] = [0, self.env.event()]
-        rv[0] += 1
-        if rv[0] == len(members):
+            rv = self._rv[key] = _Rendezvous()
+        rv.arrived += 1
+        rv.latest = max(rv.latest, t)
+        if rv.arrived == members:
             del self._rv[key]
-            inner = start()
-            done = rv[1]
-            inner.callbacks.append(lambda _e, d=done: d.succeed())
-        return rv[1]
+            return rv, True
+        return rv, False
 
-    def _run_collective(self, op: Op, comp: int) -> simpy.Event:
+    def _rv_event(self, rv: _Rendezvous) -> simpy.Event:
+        if rv.event is None:
+            rv.event = self.env.event()
+        return rv.event
+
+    def _resolve(self, rv: _Rendezvous, t: float) -> None:
+        rv.result = t
+        if rv.event is not None and not rv.event.triggered:
+            rv.event.succeed()
+
+    def _launch(self, rv: _Rendezvous, op: Op, comp: int) -> None:
+        """Everyone has joined (at rv.latest): run the collective."""
         plan = self.collective(op.pg, comp, op.coll, op.nbytes)
-        self.events_collectives += 1
+        self.collectives_run += 1
         for k, b in plan.bytes_by_kind.items():
             self.bytes_by_kind[k] += b
-        if len(plan.phases) == 1 and plan.phases[0][0] == 0:
-            return self.net.transfer(plan.phases[0][1])
-        return self.env.process(self._phases(plan))
+        if plan.private:
+            self._resolve(rv, rv.latest + plan.solo_s)
+            return
+        rv.event = rv.event or self.env.event()
+        self.env.process(self._transfer(rv, plan))
 
-    def _phases(self, plan: CollectivePlan) -> Iterator[simpy.Event]:
+    def _transfer(self, rv: _Rendezvous, plan: CollectivePlan) -> Iterator[simpy.Event]:
+        env = self.env
+        if rv.latest > env.now:
+            yield env.timeout(rv.latest - env.now)
         for latency, demand in plan.phases:
             if latency > 0:
-                yield self.env.timeout(latency)
+                yield env.timeout(latency)
             yield self.net.transfer(demand)
-
-    def _span(self, st: ActorState, step: int, op: Op, start: float, end: float, stream: str,
-              name: str | None = None) -> None:
-        if not self.trace or step >= self.trace_steps:
-            return
-        cat = {COMPUTE: "compute", COLL: "comm"}.get(op.kind, "host")
-        if name is not None:
-            cat = "host"
-        self.spans.append(Span(
-            name=name or op.name, cat=cat, rank=self.part.actors[st.index].rank, step=step,
-            start_s=start, dur_s=end - start,
-            nbytes=op.nbytes if op.kind == COLL and name is None else 0,
-            group=op.pg, stream=stream,
-            attrs={"actor": st.index, "ranks": self.part.actors[st.index].multiplicity},
-        ))
+        self._resolve(rv, env.now)
 
     # ---- run ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -321,6 +351,5 @@ class Simulation:
                 self.env.process(self._stream(st, s))
         self.env.run()
         for st in self.states:
-            if len(st.host_end) != self.steps or any(
-                    math.isinf(t) for t in st.done[-1] if t is not None):
+            if len(st.host_end) != self.steps or any(math.isinf(t) for t in st.done[-1]):
                 raise RuntimeError(f"simulation deadlocked (actor {st.index})")

@@ -85,6 +85,11 @@ class FlowNetwork:
         for f in flows:  # bring progress up to date at the old rates
             f.remaining -= f.rate * (now - f.last_s)
             f.last_s = now
+        if len(flows) == 1:  # alone: limited by its slowest link
+            f = flows[0]
+            f.rate = min(self.capacity[k] / d for k, d in f.demand.items())
+            self._schedule(f)
+            return
         # progressive filling on byte rate b_f = rate_f * norm_f
         unfrozen = list(flows)
         used: dict[int, float] = {}
