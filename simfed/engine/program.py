@@ -49,6 +49,7 @@ class Op:
     coll: str = ""  # all_gather | reduce_scatter | all_reduce
     pg: str = ""  # process-group kind
     nbytes: int = 0  # S: gathered / unreduced / reduced buffer size
+    host_waits: int = -1  # the host waits for this op's end before issuing (rate limiter)
     alloc_unit: int = -1  # unsharded buffer of this unit allocated when the op starts
     free_unit: int = -1  # ... and freed when it ends
     after_prev_step: bool = False  # waits for the previous step's last op (parameter update)
@@ -97,14 +98,20 @@ def build_program(
     sharded = t.shard > 1
     hybrid = t.replicate > 1
 
+    gathers: list[Op] = []  # all-gathers in issue order, for the rate limiter
+
     def all_gather(unit: int, phase: int) -> Op | None:
-        """Unshard a unit; the compute op that consumes it frees it (reshard)."""
+        """Unshard a unit; the compute op that consumes it frees it (reshard). With
+        limit_all_gathers, FSDP1's host waits until the buffer gathered two all-gathers ago
+        has been freed (at most two in flight)."""
         if not sharded:
             return None
         # the step's first all-gather reads parameters the previous step's update wrote
-        return add(kind=COLL, stream=STREAM_OF[SHARD], phase=phase, name=f"all_gather u{unit}",
-                   unit=unit, coll="all_gather", pg=SHARD, nbytes=t.unit_nbytes[unit],
-                   alloc_unit=unit, after_prev_step=unit == 0 and phase == FWD)
+        op = add(kind=COLL, stream=STREAM_OF[SHARD], phase=phase, name=f"all_gather u{unit}",
+                 unit=unit, coll="all_gather", pg=SHARD, nbytes=t.unit_nbytes[unit],
+                 alloc_unit=unit, after_prev_step=unit == 0 and phase == FWD)
+        gathers.append(op)
+        return op
 
     # ---- other: per-step host work (data loading, logging) ----------------------------
     if host.step_overhead_ms > 0:
@@ -185,4 +192,11 @@ def build_program(
         avg = add(kind=COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
                   duration_s=0.0)
         add(kind=SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
+    if alg.limit_all_gathers:
+        for k, ag in enumerate(gathers):
+            if k >= 2 and gathers[k - 2].unit != 0:  # the root stays unsharded
+                prev = gathers[k - 2]
+                frees = [o for o in ops[prev.idx:] if o.free_unit == prev.unit]
+                if frees and frees[0].idx < ag.idx:
+                    ag.host_waits = frees[0].idx
     return Program(ops)

@@ -50,9 +50,13 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     cm = ComputeModel(hw=hw, rt=scn.runtime.compute, tokens_per_gpu=tokens_gpu)
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
+    fwd = tuple(cm.forward_s(u) for u in units)
+    # activation checkpointing re-runs each decoder layer's forward inside its backward
+    recompute = tuple(f if (train.activation_checkpointing and i > 0) else 0.0
+                      for i, f in enumerate(fwd))
     times = StepTimes(
-        forward_s=tuple(cm.forward_s(u) for u in units),
-        backward_s=tuple(cm.backward_s(u) for u in units),
+        forward_s=fwd,
+        backward_s=tuple(cm.backward_s(u) + r for u, r in zip(units, recompute, strict=True)),
         unit_nbytes=tuple(u.nbytes for u in units),
         optimizer_s=cm.optimizer_s(shard_params, model, train),
         shard=plan.shard, replicate=plan.replicate, groups=plan.groups,

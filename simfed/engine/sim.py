@@ -217,6 +217,12 @@ class Simulation:
             st.check_s.append([0.0] * n)
             for op in prog.ops:
                 h += op.host_s
+                if op.host_waits >= 0:  # FSDP1 rate limiter: an older buffer must be freed
+                    t = self._known(st, _DONE, step, op.host_waits)
+                    if t == _INF:
+                        yield self._wait(st, _DONE, step, op.host_waits)
+                        t = st.done[step][op.host_waits]
+                    h = max(h, t)
                 if op.kind == SYNC:
                     for w in op.waits:
                         t = self._known(st, _DONE, step, w)

@@ -189,6 +189,9 @@ class AlgorithmSpec:
     aggregate_every: int = param(0, ge=0, doc="fl_*: K, local steps between FedAvg rounds")
     shard_size: int = param(0, ge=0, doc="hsdp/fl_hsdp: shard group size (0 = a node)")
     forward_prefetch: bool = param(False)
+    limit_all_gathers: bool = param(
+        True, doc="FSDP1 rate limiter: the host waits before a third all-gather is in flight "
+        "(FSDP1 default True; the paper's code sets False)")
     backward_prefetch: str = param("none", choices=("none", "pre", "post"))
     fedavg_dtype: str = param("bf16", choices=("bf16", "fp32"))
 

@@ -139,3 +139,21 @@ def test_debug_checks_block_the_host():
     # each 4-rank collective costs 3 + 2 = 5 hops of 1 ms on the host; 3 AG + 2 AG + 3 RS
     assert on["debug_checks_s"] == pytest.approx(8 * 5e-3)
     assert on["step_time_s"] > off["step_time_s"]
+
+
+def test_rate_limiter_bounds_unsharded_buffers():
+    """limit_all_gathers=False lets the host run every forward all-gather ahead of compute
+    (all units unsharded at once); FSDP1's rate limiter keeps at most two in flight."""
+    fast = {"model.layers": 6, "cluster.node.nics.bw_Gbps": 4000}  # gathers outrun compute
+    scn, _, _, S = _setup(**fast)
+    free = simulate_algorithm(scn, scn.algorithm("fsdp")).result
+    scn2, *_ = _setup(**fast, **{"algorithms.fsdp.limit_all_gathers": True})
+    limited = simulate_algorithm(scn2, scn2.algorithm("fsdp")).result
+    largest = max(S)
+    # without the limiter: the root + all 6 layers gathered before the first layer's forward
+    # ends, and the last layer's backward all-gather too (+ one gradient buffer, counted as the
+    # largest unit)
+    assert free["memory_bytes"]["unsharded"] == pytest.approx(sum(S) + S[-1] + largest)
+    # with it: root + at most two layers in flight
+    assert limited["memory_bytes"]["unsharded"] <= S[0] + 2 * S[1] + largest
+    assert limited["step_time_s"] >= free["step_time_s"] * (1 - 1e-9)
