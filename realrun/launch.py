@@ -6,15 +6,23 @@ that names the rank.
 Which rank failed: torchrun reports each worker's exit status. A rank killed by a signal other
 than torchrun's own SIGTERM (sent to the survivors) is the culprit; otherwise the first worker
 that printed a bad-input or internal error; otherwise the first that lost a peer.
+
+A hung rank (alive but silent) makes its peers' collectives time out; torchrun would then wait
+30 s more before killing it. So once a worker reports a failed collective and torchrun has not
+finished `REAP_GRACE_S` later, the workers still alive are SIGKILLed (their pids are in their
+trace headers) and the hung rank is named as the one the others waited for.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +34,9 @@ from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_PEER_LOST, RealrunError
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 _WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$", re.MULTILINE)
+_PEER_LOST = re.compile(r"^error: rank (\d+): step (-?\d+) \((\w+)\): (\w+) over the (\w+) "
+                        r"group \(ranks ([\d,]+)\) failed after ([\d.]+) s", re.MULTILINE)
+REAP_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,7 @@ class RunRequest:
     dump_fedavg: bool = False
     kill_rank: int = -1
     kill_at_step: int = -1
+    kill_signal: str = "KILL"
     echo: bool = True
 
 
@@ -82,7 +94,8 @@ def torchrun_command(req: RunRequest, nproc: int) -> list[str]:
     if req.dump_fedavg:
         cmd.append("--dump-fedavg")
     if req.kill_rank >= 0:
-        cmd += ["--kill-rank", str(req.kill_rank), "--kill-at-step", str(req.kill_at_step)]
+        cmd += ["--kill-rank", str(req.kill_rank), "--kill-at-step", str(req.kill_at_step),
+                "--kill-signal", req.kill_signal]
     return cmd
 
 
@@ -95,39 +108,106 @@ def run(req: RunRequest) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     if detail:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    start = time.monotonic()
+    start, start_wall_s = time.monotonic(), time.time()
     log_path = req.out / "torchrun.log"
+    reaped: set[int] = set()
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(torchrun_command(req, nproc), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env)
-        assert proc.stdout is not None
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=_pump, args=(proc, lines), daemon=True).start()
+        peer_lost_at: float | None = None
         try:
-            for line in proc.stdout:
+            while (line := _next_line(lines)) is not None:
                 log.write(line)
                 log.flush()
                 if req.echo and line.startswith("realrun: "):
                     print(line, end="", flush=True)
+                if peer_lost_at is None and _PEER_LOST.match(line):
+                    peer_lost_at = time.monotonic()
+                if (peer_lost_at is not None and not reaped and proc.poll() is None
+                        and time.monotonic() - peer_lost_at > REAP_GRACE_S):
+                    reaped = reap_workers(req.out, proc.pid, start_wall_s) or {-1}
             rc = proc.wait()
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGTERM)  # torchrun stops its workers
             proc.wait()
             raise
+    reaped.discard(-1)
     elapsed_s = time.monotonic() - start
     if rc == 0:
         if req.echo:
             print(f"realrun: done in {elapsed_s:.1f} s, outputs in {req.out}", flush=True)
         return 0
     text = log_path.read_text(encoding="utf-8", errors="replace")
-    msg, code = diagnose(text, req.out)
+    msg, code = diagnose(text, req.out, frozenset(reaped))
     print(f"error: {msg} (after {elapsed_s:.1f} s; traces so far in {req.out}, "
           f"log in {log_path})", file=sys.stderr, flush=True)
     return code
 
 
-def diagnose(log_text: str, out: Path) -> tuple[str, int]:
-    """The failed rank and why, from torchrun's failure report and the workers' error lines."""
+def _pump(proc: subprocess.Popen, lines: queue.Queue) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.put(line)
+    lines.put(None)
+
+
+def _next_line(lines: queue.Queue) -> str | None:
+    """The next output line, "" after half a second of silence, None at the end."""
+    try:
+        return lines.get(timeout=0.5)
+    except queue.Empty:
+        return ""
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def reap_workers(out: Path, torchrun_pid: int, since_s: float) -> set[int]:
+    """SIGKILL the workers of this launch that are still alive; returns their ranks. A worker
+    is known by the rank and pid in the header of a trace it wrote during this launch."""
+    reaped: set[int] = set()
+    for path in out.rglob("trace_rank*.jsonl"):
+        try:
+            if path.stat().st_mtime < since_s:
+                continue
+            with open(path, encoding="utf-8") as fh:
+                meta = json.loads(fh.readline())["meta"]
+            pid, rank = int(meta["pid"]), int(meta["rank"])
+        except (OSError, ValueError, KeyError):
+            continue
+        if _parent_pid(pid) == torchrun_pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                reaped.add(rank)
+            except ProcessLookupError:
+                pass
+    return reaped
+
+
+def diagnose(log_text: str, out: Path, reaped: frozenset[int] = frozenset()
+             ) -> tuple[str, int]:
+    """The failed rank and why, from torchrun's failure report, the workers' error lines and
+    the ranks this launcher had to kill because they hung."""
     exits = {int(r): int(c) for r, c in _FAILURE.findall(log_text)}
     worker_errors = [(int(r), m) for r, m in _WORKER_ERROR.findall(log_text)]
+    if reaped:
+        # the hung rank: a member of a failed collective that did not report the failure
+        waits = _PEER_LOST.findall(log_text)
+        waiters = sorted({int(w[0]) for w in waits})
+        members = {int(r) for w in waits for r in w[5].split(",")}
+        hung = sorted(reaped & members - set(waiters))
+        if hung and waits:
+            first, step, phase, op, kind, _, after_s = waits[0]
+            return (f"rank {', '.join(map(str, hung))} stopped responding: rank {first} gave up "
+                    f"after {after_s} s in {op} over the {kind} group (step {step}, {phase}); "
+                    "the hung rank was killed", EXIT_PEER_LOST)
     killed = sorted(r for r, c in exits.items() if c < 0 and c != -signal.SIGTERM)
     if killed:
         r = killed[0]

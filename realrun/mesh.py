@@ -4,7 +4,8 @@
 The mesh's row-major rank order is the plan's layout,
 rank = group * (replicate * shard) + replica * shard + shard_index, so the process group of each
 mesh dimension is exactly `plan.group_of(kind, rank)`; `Mesh.kind_of` maps a torch process group
-back to its kind for tracing ("world" for the default group).
+back to its kind for tracing ("world" for the default group). Every dimension's group gets the
+run's collective timeout (new groups would otherwise get torch's 30-minute default).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,10 +70,20 @@ def init_process_group(placement: Placement, timeout_s: float) -> None:
     dist.init_process_group(placement.backend, timeout=timedelta(seconds=timeout_s), **kwargs)
 
 
+def _group_options(backend: str, timeout_s: float) -> tuple[str, Any]:
+    """(backend, options) of a mesh dimension's process group, carrying the timeout."""
+    timeout = timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return backend, opts
+    return backend, dist.ProcessGroupGloo.Options(backend, timeout)
+
+
 class Mesh:
     """The 3-D DeviceMesh of a plan and the process group of each of its dimensions."""
 
-    def __init__(self, plan: ParallelPlan, placement: Placement):
+    def __init__(self, plan: ParallelPlan, placement: Placement, timeout_s: float):
         if placement.world != plan.world:
             raise RealrunError(
                 f"world size {placement.world} (torchrun) does not match the plan: "
@@ -79,7 +91,8 @@ class Mesh:
             )
         self.plan, self.rank = plan, placement.rank
         self.device_mesh: DeviceMesh = init_device_mesh(
-            placement.device.type, plan.mesh_shape, mesh_dim_names=MESH_DIMS
+            placement.device.type, plan.mesh_shape, mesh_dim_names=MESH_DIMS,
+            backend_override={d: _group_options(placement.backend, timeout_s) for d in MESH_DIMS},
         )
         self._kinds: dict[str, str] = {}
         for kind in MESH_DIMS:

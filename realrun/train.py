@@ -80,7 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="save each rank's shards before and after every FedAvg round "
                     "(DIR/fedavg/round{n}_rank{r}.pt), for checks")
     ap.add_argument("--kill-rank", type=int, default=-1, help="fault injection: this rank ...")
-    ap.add_argument("--kill-at-step", type=int, default=-1, help="... SIGKILLs itself here")
+    ap.add_argument("--kill-at-step", type=int, default=-1, help="... at the start of this step")
+    ap.add_argument("--kill-signal", default="KILL", choices=("KILL", "STOP"),
+                    help="... sends itself SIGKILL (dies) or SIGSTOP (hangs)")
     return ap.parse_args(argv)
 
 
@@ -133,7 +135,7 @@ class Trainer:
         self.sampler = Sampler(world=self.plan.world, micro_batch=self.training.micro_batch,
                                dataset_sequences=sc.dataset_sequences)
 
-        self.mesh = Mesh(self.plan, self.placement)
+        self.mesh = Mesh(self.plan, self.placement, self.args.timeout_s)
         device = self.placement.device
         torch.manual_seed(sc.seed)  # every rank builds the same full model, then shards it
         self.model = Llama(sc.model, self.training.seq_len, device)
@@ -169,6 +171,7 @@ class Trainer:
             "device": str(pl.device),
             "world_size": p.world,
             "rank": self.rank,
+            "pid": os.getpid(),
             "node": p.node_of(self.rank),
             "coords": {"group": g, "replica": r, "shard_index": s},
             "plan": {"groups": p.groups, "replicate": p.replicate, "shard": p.shard,
@@ -268,7 +271,7 @@ class Trainer:
 
     def _maybe_die(self, step: int) -> None:
         if self.rank == self.args.kill_rank and step == self.args.kill_at_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.Signals[f"SIG{self.args.kill_signal}"])
 
     def _aggregate(self, step: int, round_index: int) -> None:
         """One FedAvg round; with --dump-fedavg, the shards before and after (the copying and

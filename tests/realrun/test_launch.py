@@ -1,16 +1,20 @@
 """`realrun run` and `python -m realrun.train` before any training: bad input is one line
 naming the field and the numbers, with a non-zero status and no traceback; torchrun's failure
-report is turned into the culprit rank."""
+report is turned into the culprit rank, a dead one or a hung one."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from realrun.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST
-from realrun.launch import diagnose
+from realrun.launch import diagnose, reap_workers
+from simfed.spec import write_trace
 
 from ..conftest import ROOT, SCENARIOS
 
@@ -97,3 +101,28 @@ def test_diagnose_prefers_bad_input_over_lost_peers(tmp_path):
            "  rank      : 3 (local_rank: 3)\n  exitcode  : 2 (pid: 2)\n")
     assert diagnose(log, tmp_path) == ("rank 3: data.path: file not found: x.npy",
                                        EXIT_BAD_INPUT)
+
+
+def test_diagnose_names_the_hung_rank_the_others_waited_for(tmp_path):
+    # FL+FSDP, rank 1 hangs: rank 0 times out in its shard group {0, 1}; rank 2 then loses rank 0
+    # in FedAvg; rank 3, still waiting for rank 1 in FedAvg, is killed with it but not blamed
+    log = ("error: rank 0: step 3 (forward): all_gather over the shard group (ranks 0,1) "
+           "failed after 5.0 s (timeout 5 s; a peer rank died or hangs): Timed out\n"
+           "error: rank 2: step 3 (aggregation): all_reduce over the fed group (ranks 0,2) "
+           "failed after 0.1 s (timeout 5 s; a peer rank died or hangs): Connection reset\n"
+           "  rank      : 0 (local_rank: 0)\n  exitcode  : 3 (pid: 1)\n"
+           "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 2)\n")
+    msg, code = diagnose(log, tmp_path, frozenset({1, 3}))
+    assert msg == ("rank 1 stopped responding: rank 0 gave up after 5.0 s in all_gather "
+                   "over the shard group (step 3, forward); the hung rank was killed")
+    assert code == EXIT_PEER_LOST
+
+
+def test_reap_workers_kills_only_children_named_in_fresh_traces(tmp_path):
+    since = time.time() - 1
+    child = subprocess.Popen(["sleep", "60"])
+    stranger = 1  # init: not our child, must be left alone
+    for rank, pid in ((2, child.pid), (3, stranger)):
+        write_trace(tmp_path / f"trace_rank{rank}.jsonl", {"rank": rank, "pid": pid}, [])
+    assert reap_workers(tmp_path, os.getpid(), since) == {2}
+    assert child.wait(timeout=10) == -signal.SIGKILL
