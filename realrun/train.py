@@ -3,10 +3,11 @@
     torchrun --nproc-per-node 4 -m realrun.train scenarios/cpu4.yaml --algorithm fl_fsdp \
         --out runs/x [--set training.steps=8 ...] [--device auto|cpu|cuda] [--timeout-s 120]
 
-Each rank writes DIR/trace_rank{r}.jsonl as it goes; at the end rank 0 writes DIR/summary.json
-and DIR/trace.json (Chrome/Perfetto). Failures print one line, `error: rank R: ...`, and exit
-with the status of `realrun.errors` (2 bad input, 3 a peer died or a collective timed out,
-4 internal error with the traceback in DIR/error_rank{r}.txt).
+`--algorithm a,b` or `all` runs several algorithms one after another in the same processes,
+each into DIR/NAME. Each rank writes DIR/trace_rank{r}.jsonl as it goes; at the end rank 0
+writes DIR/summary.json and DIR/trace.json (Chrome/Perfetto). Failures print one line,
+`error: rank R: ...`, and exit with the status of `realrun.errors` (2 bad input, 3 a peer died
+or a collective timed out, 4 internal error with the traceback in DIR/error_rank{r}.txt).
 
 A step: other (batch) -> forward -> backward -> optimizer (+ LR step) -> aggregation (FedAvg,
 every K steps and after the last step, federated algorithms only) -> other (loss to host).
