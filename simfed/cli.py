@@ -35,6 +35,9 @@ def parse_sets(items: tuple[str, ...]) -> dict[str, object]:
         if "=" not in item:
             raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. cluster.nodes=64")
         key, _, raw = item.partition("=")
+        if raw.strip().lower() in ("on", "off", "yes", "no", "y", "n"):
+            out[key.strip()] = raw.strip()  # YAML 1.1 would read these as booleans
+            continue
         try:
             out[key.strip()] = yaml.safe_load(raw)
         except yaml.YAMLError:
