@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,18 +160,36 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
     }
 
 
+def _run_one(args: tuple) -> AlgorithmRun:
+    scn, alg, trace, trace_steps = args
+    return simulate_algorithm(scn, alg, trace=trace, trace_steps=trace_steps)
+
+
 def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool = False,
-             trace_steps: int | None = None) -> tuple[dict[str, Any], dict[str, list[Span]]]:
+             trace_steps: int | None = None, jobs: int | None = None
+             ) -> tuple[dict[str, Any], dict[str, list[Span]]]:
     """Run every algorithm of the scenario (or the named ones); speedups are against the first.
-    Returns (JSON-ready result, spans per algorithm label when tracing)."""
+    Returns (JSON-ready result, spans per algorithm label when tracing).
+
+    `jobs` > 1 runs the algorithms in parallel processes (same results: each is deterministic);
+    None picks that automatically when jitter breaks the symmetry of every node (the costly
+    case; starting worker processes costs more than it saves otherwise)."""
     chosen = list(scn.algorithms)
     if algorithms:
         chosen = [scn.algorithm(n) for n in algorithms]
+    if jobs is None:
+        jobs = min(len(chosen), os.cpu_count() or 1) if scn.stragglers.jitter.sigma else 1
+    tasks = [(scn, alg, trace, trace_steps) for alg in chosen]
+    if jobs > 1 and len(tasks) > 1:
+        ctx = multiprocessing.get_context("spawn")  # no fork of a half-used SimPy state
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            done = list(pool.map(_run_one, tasks))
+    else:
+        done = [_run_one(t) for t in tasks]
     runs = []
     spans: dict[str, list[Span]] = {}
     events = 0
-    for alg in chosen:
-        run = simulate_algorithm(scn, alg, trace=trace, trace_steps=trace_steps)
+    for alg, run in zip(chosen, done, strict=True):
         runs.append(run.result)
         events += run.events
         if trace:

@@ -93,9 +93,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         kt, vt = get_args(tp) or (str, Any)
         if not isinstance(value, dict):
             raise SpecError(f"{path}: expected a mapping, got {_fmt(value)}")
-        return types.MappingProxyType(
-            {_convert(kt, k, path): _convert(vt, v, _join(path, str(k))) for k, v in value.items()}
-        )
+        # a plain dict (picklable, for process pools); spec objects never mutate it
+        return {_convert(kt, k, path): _convert(vt, v, _join(path, str(k)))
+                for k, v in value.items()}
     if _is_dataclass_type(tp):
         return build(tp, value, path)
     if tp is Any:
