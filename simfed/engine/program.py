@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..spec.plan import FED, REPLICATE, SHARD
-from ..spec.scenario import AlgorithmSpec, HostRuntime
+from ..spec.scenario import AlgorithmSpec, CommRuntime, HostRuntime
 from ..spec.trace import PHASES
 from ..spec.units import dtype_nbytes
 
@@ -84,7 +84,7 @@ class StepTimes:
 
 def build_program(
     alg: AlgorithmSpec, t: StepTimes, host: HostRuntime,
-    launch_s_per_unit: float, aggregate: bool,
+    launch_s_per_unit: float, aggregate: bool, comm: CommRuntime | None = None,
 ) -> Program:
     ops: list[Op] = []
 
@@ -192,6 +192,14 @@ def build_program(
         avg = add(kind=COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
                   duration_s=0.0)
         add(kind=SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
+    if comm is not None and comm.reduce_scatter_impl == "all_reduce":
+        for op in ops:  # gloo: a full all-reduce of the unsharded gradient, then slice
+            if op.coll == "reduce_scatter":
+                op.coll = "all_reduce"
+    if comm is not None and not comm.overlap_compute:
+        for op in ops:  # CPU collectives block the rank: one stream for everything
+            if op.stream > 0:
+                op.stream = 0
     if alg.limit_all_gathers:
         for k, ag in enumerate(gathers):
             if k >= 2 and gathers[k - 2].unit != 0:  # the root stays unsharded

@@ -53,15 +53,18 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     cm = ComputeModel(hw=hw, rt=scn.runtime.compute, tokens_per_gpu=tokens_gpu)
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
-    fwd = tuple(cm.forward_s(u) for u in units)
+    rt = scn.runtime.compute
+    fwd = tuple(cm.forward_s(u) + us_to_s(rt.unit_overhead_forward_us) for u in units)
     # activation checkpointing re-runs each decoder layer's forward inside its backward
     recompute = tuple(f if (train.activation_checkpointing and i > 0) else 0.0
                       for i, f in enumerate(fwd))
     times = StepTimes(
         forward_s=fwd,
-        backward_s=tuple(cm.backward_s(u) + r for u, r in zip(units, recompute, strict=True)),
+        backward_s=tuple(cm.backward_s(u) + us_to_s(rt.unit_overhead_backward_us) + r
+                         for u, r in zip(units, recompute, strict=True)),
         unit_nbytes=tuple(u.nbytes for u in units),
-        optimizer_s=cm.optimizer_s(shard_params, model, train),
+        optimizer_s=cm.optimizer_s(shard_params, model, train)
+        + us_to_s(rt.optimizer_overhead_us),
         shard=plan.shard, replicate=plan.replicate, groups=plan.groups,
         shard_params=shard_params,
     )
@@ -69,7 +72,8 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     agg_steps = (aggregate_steps(steps, alg.aggregate_every)
                  if info.federated and plan.groups > 1 else set())
     programs = {
-        flag: build_program(alg, times, scn.runtime.host, launch_s, aggregate=flag)
+        flag: build_program(alg, times, scn.runtime.host, launch_s, aggregate=flag,
+                            comm=scn.runtime.comm)
         for flag in (False, True)
     }
     part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS, lockstep)

@@ -137,6 +137,10 @@ class ComputeRuntime:
     optimizer_hbm_efficiency: float = param(0.7, gt=0, le=1, doc="optimizer step: achieved HBM")
     causal_skip: bool = param(True, doc="attention kernels skip the masked half")
     launch_us_per_unit: float = param(0.0, ge=0, doc="host time to launch one unit's kernels")
+    unit_overhead_forward_us: float = param(
+        0.0, ge=0, doc="fixed device time per unit forward (framework overhead; CPU ranks)")
+    unit_overhead_backward_us: float = param(0.0, ge=0, doc="... per unit backward")
+    optimizer_overhead_us: float = param(0.0, ge=0, doc="fixed time per optimizer step")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +150,12 @@ class CommRuntime:
     nic_efficiency: float = param(0.9, gt=0, le=1, doc="bus bandwidth / rail line rate")
     step_latency_us: float = param(5.0, ge=0, doc="software latency per ring step (NCCL)")
     launch_us: float = param(10.0, ge=0, doc="fixed cost per collective")
+    overlap_compute: bool = param(
+        True, doc="communication runs on its own streams (GPUs); false: collectives block the "
+        "rank, as gloo's do on CPU")
+    reduce_scatter_impl: str = param(
+        "reduce_scatter", choices=("reduce_scatter", "all_reduce"),
+        doc="gloo implements reduce-scatter as a full all-reduce of the input")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,6 +274,24 @@ class StragglerSpec:
 
 
 # ---------------------------------------------------------------------------------------------
+# validation plan (simfed validate)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationShape:
+    name: str
+    set: dict[str, Any] = param(None, doc="dotted overrides of the scenario for this shape")
+    algorithms: tuple[str, ...] = ()  # empty: every algorithm of the scenario
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationSpec:
+    shapes: tuple[ValidationShape, ...] = ()
+    bench_sets: tuple[dict[str, Any], ...] = param(
+        (), doc="extra overrides to run the compute benchmarks at (e.g. other model sizes)")
+
+
+# ---------------------------------------------------------------------------------------------
 # the scenario
 
 
@@ -280,6 +308,7 @@ class Scenario:
     runtime: RuntimeSpec = RuntimeSpec()
     algorithms: tuple[AlgorithmSpec, ...]
     stragglers: StragglerSpec = StragglerSpec()
+    validation: ValidationSpec = ValidationSpec()
 
     def __post_init__(self) -> None:
         if not self.algorithms:
@@ -418,18 +447,41 @@ def scenario_from_dict(data: Any, *, where: str = "") -> Scenario:
     return build(Scenario, data, "")
 
 
-def load_scenario_data(path: str | Path, overrides: Mapping[str, Any] | None = None) -> dict:
-    """The scenario file as plain data, includes resolved and overrides applied (not validated)."""
+PROFILE_SECTIONS = ("cluster", "runtime")
+
+
+def load_profile(path: str | Path) -> dict:
+    """A calibrated profile: a partial scenario (cluster and runtime keys only) whose values
+    replace the scenario's (measured numbers beat nominal ones)."""
+    p = Path(path)
+    data = _read_yaml(p, "profile")
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: a profile must be a mapping with cluster/runtime sections")
+    unknown = sorted(set(data) - set(PROFILE_SECTIONS))
+    if unknown:
+        raise SpecError(f"{p}: {unknown[0]}: a profile holds only "
+                        f"{' and '.join(PROFILE_SECTIONS)} sections")
+    return resolve_includes(data, p.parent.resolve())
+
+
+def load_scenario_data(path: str | Path, overrides: Mapping[str, Any] | None = None,
+                       profile: str | Path | None = None) -> dict:
+    """The scenario file as plain data, includes resolved, then the profile merged over it,
+    then overrides applied (not validated)."""
     p = Path(path)
     data = _read_yaml(p, "scenario")
     if not isinstance(data, dict):
         raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
     data = resolve_includes(data, p.parent.resolve())
+    if profile is not None:
+        data = _deep_merge(data, load_profile(profile))
     for dotted, value in (overrides or {}).items():
         set_dotted(data, dotted, value)
     return data
 
 
-def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
-    """Parse and validate a scenario file. Raises SpecError with a one-line message."""
-    return scenario_from_dict(load_scenario_data(path, overrides), where=str(path))
+def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None,
+                  profile: str | Path | None = None) -> Scenario:
+    """Parse and validate a scenario file (optionally with a calibrated profile merged over it).
+    Raises SpecError with a one-line message."""
+    return scenario_from_dict(load_scenario_data(path, overrides, profile), where=str(path))

@@ -1,0 +1,161 @@
+"""Calibration: from measurements to a cluster profile a scenario can be run with.
+
+`calibrate(scenario, samples)` fits every group of constants the samples inform (collectives,
+per-unit compute, optimizer, debug checks) and returns (profile, report): the profile is a
+partial scenario (cluster and runtime keys) recording where each number came from; the report
+holds the fitted parameters with 95% intervals and every sample's residual.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..spec.scenario import Scenario
+from .fit import (
+    FitResult,
+    fit_checks,
+    fit_comm,
+    fit_optimizer,
+    fit_units,
+    optimizer_bytes_per_param,
+)
+from .samples import Samples, read_inputs
+
+__all__ = ["Samples", "calibrate", "read_inputs", "write_profile"]
+
+
+def _val(res: FitResult, name: str) -> float | None:
+    for p in res.params:
+        if p.name == name:
+            return p.value
+    return None
+
+
+def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str, Any]]:
+    fits = [fit_comm(scn, samples), fit_units(samples), fit_optimizer(scn, samples),
+            fit_checks(samples)]
+    comm, units, opt, checks = fits
+    node = scn.cluster.node
+    cluster: dict[str, Any] = {"node": {}}
+    runtime: dict[str, Any] = {"compute": {}, "comm": {}, "host": {}}
+    prov: dict[str, str] = {}
+    srcs = ", ".join(sorted(set(samples.sources))) or "none"
+
+    def note(key: str, fit: FitResult, param: str | None = None) -> None:
+        prov[key] = f"fitted ({fit.kind}, n={len(fit.residuals)}, rms rel error " \
+                    f"{fit.rms_rel_error:.1%}) from {srcs}"
+        for p in fit.params:
+            if p.name == param and not (p.ci95[0] > 0 and p.ci95[1] < 2 * p.value):
+                prov[key] += (f"; POORLY DETERMINED: 95% CI {p.ci95[0]:.4g}..{p.ci95[1]:.4g} "
+                              f"{p.unit} (the samples barely depend on it)")
+
+    # ---- collectives
+    for key in ("reduce_scatter_impl", "overlap_compute"):
+        if key in samples.meta:
+            runtime["comm"][key] = samples.meta[key]
+            prov[f"runtime.comm.{key}"] = f"backend facts recorded by the benchmark ({srcs})"
+    v = _val(comm, "launch_us")
+    if v is not None:
+        runtime["comm"]["launch_us"] = round(v, 3)
+        runtime["comm"]["step_latency_us"] = 0.0
+        note("runtime.comm.launch_us", comm, "launch_us")
+    v = _val(comm, "nvlink_step_latency_us")
+    if v is not None:
+        cluster["node"].setdefault("nvlink", {})["latency_us"] = round(v, 3)
+        note("cluster.node.nvlink.latency_us", comm, "nvlink_step_latency_us")
+    v = _val(comm, "nic_step_latency_us")
+    if v is not None:
+        sw = scn.cluster.fabric.switch_latency_us if scn.cluster.fabric.topology != "ideal" \
+            else 0.0
+        cluster["node"].setdefault("nics", {})["latency_us"] = round(max(v - sw, 0.0), 3)
+        note("cluster.node.nics.latency_us", comm, "nic_step_latency_us")
+    v = _val(comm, "nvlink_bw_GBps")
+    if v is not None:
+        eff = v / node.nvlink.bw_GBps
+        if eff <= 1.0:
+            runtime["comm"]["nvlink_efficiency"] = round(eff, 5)
+            note("runtime.comm.nvlink_efficiency", comm, "nvlink_bw_GBps")
+        else:  # faster than the nominal figure: the nominal figure was a placeholder
+            cluster["node"].setdefault("nvlink", {})["bw_GBps"] = round(v, 5)
+            runtime["comm"]["nvlink_efficiency"] = 1.0
+            note("cluster.node.nvlink.bw_GBps", comm, "nvlink_bw_GBps")
+    v = _val(comm, "nic_bw_Gbps")
+    if v is not None:
+        eff = v / node.nics.bw_Gbps
+        if eff <= 1.0:
+            runtime["comm"]["nic_efficiency"] = round(eff, 5)
+            note("runtime.comm.nic_efficiency", comm, "nic_bw_Gbps")
+        else:
+            cluster["node"].setdefault("nics", {})["bw_Gbps"] = round(v, 5)
+            runtime["comm"]["nic_efficiency"] = 1.0
+            note("cluster.node.nics.bw_Gbps", comm, "nic_bw_Gbps")
+
+    # ---- compute: rate = peak x efficiency; the peak moves up if measured faster
+    rates = {ph: _val(units, f"{ph}_flops_per_s") for ph in ("forward", "backward")}
+    if all(r is not None for r in rates.values()):
+        peak = node.gpu.peak_tflops * 1e12
+        top = max(r for r in rates.values() if r is not None)
+        if top > peak:
+            peak = top
+            cluster["node"].setdefault("gpu", {})["peak_tflops"] = round(peak / 1e12, 9)
+            note("cluster.node.gpu.peak_tflops", units)
+        for ph, r in rates.items():
+            assert r is not None
+            runtime["compute"][f"efficiency_{ph}"] = round(r / peak, 6)
+            note(f"runtime.compute.efficiency_{ph}", units)
+            over = _val(units, f"{ph}_overhead_us") or 0.0
+            runtime["compute"][f"unit_overhead_{ph}_us"] = round(over, 3)
+            note(f"runtime.compute.unit_overhead_{ph}_us", units)
+
+    # ---- optimizer
+    v = _val(opt, "optimizer_GBps")
+    if v is not None:
+        eff = v / node.gpu.hbm_bw_GBps
+        if eff <= 1.0:
+            runtime["compute"]["optimizer_hbm_efficiency"] = round(eff, 6)
+            note("runtime.compute.optimizer_hbm_efficiency", opt)
+        else:
+            cluster["node"].setdefault("gpu", {})["hbm_bw_GBps"] = round(v, 6)
+            runtime["compute"]["optimizer_hbm_efficiency"] = 1.0
+            note("cluster.node.gpu.hbm_bw_GBps", opt)
+        runtime["compute"]["optimizer_overhead_us"] = round(_val(opt, "optimizer_overhead_us")
+                                                            or 0.0, 3)
+        note("runtime.compute.optimizer_overhead_us", opt)
+
+    # ---- debug checks
+    v = _val(checks, "gloo_hop_us")
+    if v is not None:
+        runtime["host"]["gloo_hop_us"] = round(v, 3)
+        runtime["host"]["gloo_rank0_msg_us"] = round(v / 2, 3)
+        note("runtime.host.gloo_hop_us", checks, "gloo_hop_us")
+        prov["runtime.host.gloo_rank0_msg_us"] = "half a gloo hop (model assumption)"
+
+    runtime["provenance"] = prov
+    profile: dict[str, Any] = {}
+    cluster["node"] = {k: v for k, v in cluster["node"].items() if v}
+    if cluster["node"]:
+        profile["cluster"] = cluster
+    profile["runtime"] = {k: v for k, v in runtime.items() if v}
+    report = {
+        "scenario": scn.name,
+        "created": _dt.date.today().isoformat(),
+        "sources": sorted(set(samples.sources)),
+        "optimizer_bytes_per_param": optimizer_bytes_per_param(scn),
+        "fits": {f.kind: f.as_dict() for f in fits},
+    }
+    return profile, report
+
+
+def write_profile(path: str | Path, profile: dict[str, Any], header: str = "") -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    text = "".join(f"# {line}\n" for line in header.splitlines())
+    text += yaml.safe_dump(profile, sort_keys=True, width=100)
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path

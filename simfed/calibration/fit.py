@@ -1,0 +1,276 @@
+"""Fitting the simulator's constants to measurements, with confidence intervals and residuals.
+
+- Collectives: the simulator's own alpha-beta model, t = launch + steps x hop(link class) +
+  max over links (bytes on the link / its bandwidth), evaluated with the simulator's ring
+  geometry for each sample's group shape (so fit and prediction cannot disagree on geometry);
+  unknowns: the per-collective launch cost, the per-step latency of intra- and inter-node hops,
+  and the intra- and inter-node bandwidths. Nonlinear least squares (scipy) on relative
+  residuals; 95% intervals from the Jacobian.
+- Compute: per phase, t = overhead + FLOPs / rate (linear regression).
+- Optimizer: t = overhead + params x bytes-per-param / bandwidth.
+- Debug checks: t = hop x (2 (p - 1) + 2 + (p - 1))... i.e. the simulator's check model with
+  rank 0's per-peer cost taken as half a hop; one unknown, the gloo hop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import optimize, stats
+
+from ..collectives import collective_impl
+from ..hardware import Hardware
+from ..network.geometry import ring_load
+from ..network.links import NIC, NVLINK
+from ..spec.scenario import Scenario
+from ..spec.units import dtype_nbytes
+from .samples import Samples
+
+_Z95 = 1.96
+
+
+@dataclass
+class Param:
+    name: str
+    value: float
+    ci95: tuple[float, float]
+    unit: str
+
+    def __post_init__(self) -> None:  # plain floats (YAML/JSON), never numpy scalars
+        self.value = float(self.value)
+        self.ci95 = (float(self.ci95[0]), float(self.ci95[1]))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "ci95": list(self.ci95), "unit": self.unit}
+
+
+@dataclass
+class FitResult:
+    kind: str
+    params: list[Param] = field(default_factory=list)
+    residuals: list[dict[str, Any]] = field(default_factory=list)  # label, measured, predicted
+    note: str = ""
+
+    @property
+    def rms_rel_error(self) -> float:
+        if not self.residuals:
+            return float("nan")
+        errs = [r["rel_error"] for r in self.residuals]
+        return math.sqrt(sum(e * e for e in errs) / len(errs))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "params": {p.name: p.as_dict() for p in self.params},
+            "n": len(self.residuals),
+            "rms_rel_error": self.rms_rel_error,
+            "max_abs_rel_error": max((abs(r["rel_error"]) for r in self.residuals), default=None),
+            "residuals": self.residuals,
+            "note": self.note,
+        }
+
+
+def _ci(value: float, se: float) -> tuple[float, float]:
+    if not math.isfinite(se):
+        return (float("nan"), float("nan"))
+    return (value - _Z95 * se, value + _Z95 * se)
+
+
+# ---- collectives -------------------------------------------------------------------------------
+
+@dataclass
+class _CommFeature:
+    steps: int  # ring steps over all phases
+    inter: bool  # hops cross nodes
+    phases: int  # collective launches (1 for ring)
+    nv_bytes: float  # bytes over the busiest NVLink class link (at efficiency 1)
+    nic_bytes: float  # bytes over the busiest NIC class link (at efficiency 1)
+    measured: float
+    label: str
+
+
+def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_CommFeature]:
+    base = Hardware.from_spec(scn.cluster, scn.runtime)
+    impl = collective_impl(impl_name)
+    feats = []
+    for s in samples.comm:
+        # the geometry the sample was measured on (ranks per node, nodes), the scenario's links
+        nodes = -(-s.world // s.gpus_per_node)
+        hw = dataclasses.replace(base, gpus_per_node=s.gpus_per_node, nodes=nodes)
+        # link classes: one per (kind, position in the node); all nodes alike
+        index: dict[tuple[str, int], int] = {}
+
+        def link_index(kind: str, node: int, sub: int, index=index) -> int:
+            return index.setdefault((kind, sub if node >= 0 else -1), len(index))
+
+        steps = 0
+        nv = nic = 0.0
+        inter = False
+        phases = impl(s.op, s.instances, s.gpus_per_node)
+        for ph in phases:
+            load = ring_load(hw, ph.instances, link_index)
+            steps += ph.steps
+            e_bytes = ph.e_factor * s.nbytes
+            kinds = {v: k[0] for k, v in index.items()}
+            for c, d in load.demand_per_E.items():
+                if kinds[c] == NVLINK:
+                    nv = max(nv, d * e_bytes)
+                elif kinds[c] == NIC:
+                    nic = max(nic, d * e_bytes)
+                    inter = True
+        feats.append(_CommFeature(steps, inter, len(phases), nv, nic, s.time_s, s.label))
+    return feats
+
+
+def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
+    """Fit launch_us, nvlink/nic per-step latency and bandwidths to collective samples."""
+    impl = scn.runtime.comm.collective
+    feats = _comm_features(scn, samples, impl)
+    res = FitResult(kind="collectives")
+    if not feats:
+        res.note = "no collective samples: comm constants left as in the scenario"
+        return res
+    has_intra = any(f.nv_bytes > 0 for f in feats)
+    has_inter = any(f.inter for f in feats)
+    n = scn.cluster.node
+    # unknowns: launch_s, hop_intra_s, hop_inter_s, s_per_byte_nvlink, s_per_byte_nic
+    x0 = np.array([1e-5, 1e-5, 1e-5, 1 / (n.nvlink.bw_GBps * 1e9), 8 / (n.nics.bw_Gbps * 1e9)])
+    free = [True, has_intra, has_inter, has_intra, has_inter]
+
+    def model(x: np.ndarray, f: _CommFeature) -> float:
+        hop = x[2] if f.inter else x[1]
+        return f.phases * x[0] + f.steps * hop + max(f.nv_bytes * x[3], f.nic_bytes * x[4])
+
+    idx = [i for i, fr in enumerate(free) if fr]
+
+    def resid(z: np.ndarray) -> np.ndarray:
+        x = x0.copy()
+        x[idx] = z
+        return np.array([(model(x, f) - f.measured) / f.measured for f in feats])
+
+    scale = x0[idx]
+    sol = optimize.least_squares(lambda z: resid(z * scale), np.ones(len(idx)),
+                                 bounds=(0, np.inf), x_scale="jac")
+    z = sol.x * scale
+    x = x0.copy()
+    x[idx] = z
+    dof = max(1, len(feats) - len(idx))
+    s2 = float(np.sum(sol.fun**2)) / dof
+    try:
+        cov = np.linalg.pinv(sol.jac.T @ sol.jac) * s2
+        se = np.sqrt(np.clip(np.diag(cov), 0, None)) * scale
+    except np.linalg.LinAlgError:
+        se = np.full(len(idx), np.nan)
+    se_full = np.full(5, np.nan)
+    se_full[idx] = se
+    names = [("launch_us", 1e6, "us"), ("nvlink_step_latency_us", 1e6, "us"),
+             ("nic_step_latency_us", 1e6, "us")]
+    for i, (name, k, unit) in enumerate(names):
+        if free[i]:
+            res.params.append(Param(name, x[i] * k, _ci(x[i] * k, se_full[i] * k), unit))
+    for i, name, conv in ((3, "nvlink_bw_GBps", 1e-9), (4, "nic_bw_Gbps", 8e-9)):
+        if free[i] and x[i] > 0:
+            bw = conv / x[i]
+            # delta method: d(1/x) = dx / x^2
+            se_bw = conv * se_full[i] / x[i] ** 2
+            res.params.append(Param(name, bw, _ci(bw, se_bw), name.rsplit("_", 1)[1]))
+    for f in feats:
+        pred = model(x, f)
+        res.residuals.append({"label": f.label, "measured_s": f.measured,
+                              "predicted_s": float(pred),
+                              "rel_error": float((pred - f.measured) / f.measured)})
+    return res
+
+
+# ---- compute, optimizer, checks ----------------------------------------------------------------
+
+def fit_units(samples: Samples) -> FitResult:
+    res = FitResult(kind="compute")
+    for phase in ("forward", "backward"):
+        pts = [u for u in samples.units if u.phase == phase]
+        if len(pts) < 2:
+            continue
+        flops = np.array([u.flops for u in pts])
+        t = np.array([u.time_s for u in pts])
+        if np.ptp(flops) == 0:
+            # one size: no separation of overhead and rate; attribute all to the rate
+            rate = float(np.sum(flops) / np.sum(t))
+            res.params.append(Param(f"{phase}_flops_per_s", rate, (rate, rate), "FLOP/s"))
+            res.params.append(Param(f"{phase}_overhead_us", 0.0, (0.0, 0.0), "us"))
+            pred = flops / rate
+        else:
+            lr = stats.linregress(flops, t)
+            slope = max(lr.slope, 1e-18)
+            rate = 1.0 / slope
+            se_rate = lr.stderr / slope**2
+            over = max(lr.intercept, 0.0)
+            res.params.append(Param(f"{phase}_flops_per_s", rate, _ci(rate, se_rate), "FLOP/s"))
+            res.params.append(Param(f"{phase}_overhead_us", over * 1e6,
+                                    _ci(over * 1e6, lr.intercept_stderr * 1e6), "us"))
+            pred = over + flops * slope
+        for u, p in zip(pts, pred, strict=True):
+            res.residuals.append({"label": f"{u.label} {u.flops:.3g} FLOP", "measured_s": u.time_s,
+                                  "predicted_s": float(p),
+                                  "rel_error": float((float(p) - u.time_s) / u.time_s)})
+    if not res.params:
+        res.note = "no compute samples: efficiencies left as in the scenario"
+    return res
+
+
+def optimizer_bytes_per_param(scn: Scenario) -> int:
+    p = scn.model.dtype_nbytes
+    s = dtype_nbytes(scn.training.optimizer_state_dtype)
+    return 2 * p + p + 4 * s if scn.training.optimizer == "adamw" else 3 * p
+
+
+def fit_optimizer(scn: Scenario, samples: Samples) -> FitResult:
+    res = FitResult(kind="optimizer")
+    pts = samples.optimizer
+    if len(pts) < 2:
+        res.note = "fewer than 2 optimizer samples: optimizer constants left as in the scenario"
+        return res
+    bpp = optimizer_bytes_per_param(scn)
+    nbytes = np.array([o.params * bpp for o in pts])
+    t = np.array([o.time_s for o in pts])
+    lr = stats.linregress(nbytes, t)
+    slope = max(lr.slope, 1e-18)
+    over = max(lr.intercept, 0.0)
+    bw = 1e-9 / slope
+    res.params.append(Param("optimizer_overhead_us", over * 1e6,
+                            _ci(over * 1e6, lr.intercept_stderr * 1e6), "us"))
+    res.params.append(Param("optimizer_GBps", bw, _ci(bw, 1e-9 * lr.stderr / slope**2), "GB/s"))
+    for o, b in zip(pts, nbytes, strict=True):
+        pred = over + b * slope
+        res.residuals.append({"label": f"adamw {o.params:.3g} params", "measured_s": o.time_s,
+                              "predicted_s": float(pred),
+                              "rel_error": float((pred - o.time_s) / o.time_s)})
+    return res
+
+
+def check_units(p: int) -> float:
+    """Debug-check cost in gloo hops for a group of p (rank 0's per-peer cost = half a hop):
+    (p-1) hops + 2(p-1) x 0.5 hop + 2 hops."""
+    return (p - 1) + (p - 1) + 2
+
+
+def fit_checks(samples: Samples) -> FitResult:
+    res = FitResult(kind="debug_checks")
+    pts = [c for c in samples.checks if c.group_size >= 2]
+    if not pts:
+        res.note = "no debug-check samples: host check constants left as in the scenario"
+        return res
+    x = np.array([check_units(c.group_size) for c in pts], dtype=float)
+    t = np.array([c.time_s for c in pts])
+    hop = float(np.sum(x * t) / np.sum(x * x))  # least squares through the origin
+    dof = max(1, len(pts) - 1)
+    se = math.sqrt(float(np.sum((t - hop * x) ** 2)) / dof / float(np.sum(x * x)))
+    res.params.append(Param("gloo_hop_us", hop * 1e6, _ci(hop * 1e6, se * 1e6), "us"))
+    for c, xi in zip(pts, x, strict=True):
+        pred = hop * xi
+        res.residuals.append({"label": f"check p={c.group_size}", "measured_s": c.time_s,
+                              "predicted_s": float(pred),
+                              "rel_error": float((pred - c.time_s) / c.time_s)})
+    return res

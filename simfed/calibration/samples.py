@@ -1,0 +1,233 @@
+"""Measurements the calibration fits: collective, per-unit compute, optimizer and debug-check
+samples, read from realrun bench summaries, realrun traces and PyTorch profiler Chrome traces.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..spec.schema import SpecError
+from ..spec.trace import read_trace
+
+BENCH_SUMMARY = "bench-summary.json"
+_OP_NAMES = {
+    "all_gather": "all_gather", "allgather": "all_gather", "_allgather_base": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_single": "all_gather",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter",
+    "all_reduce": "all_reduce", "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+}
+_DTYPE_BYTES = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8,
+                "float64": 8, "c10::bfloat16": 2, "c10::half": 2, "int": 4, "long": 8}
+
+
+@dataclass(frozen=True)
+class CommSample:
+    """One collective: `instances` ran at once (concurrent groups), S = nbytes each."""
+
+    op: str  # as executed (gloo's reduce-scatter recorded as all_reduce)
+    instances: tuple[tuple[int, ...], ...]
+    nbytes: int
+    time_s: float
+    world: int
+    gpus_per_node: int
+    source: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class UnitSample:
+    phase: str  # forward | backward
+    flops: float
+    time_s: float
+    source: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class OptimizerSample:
+    params: float  # local parameters updated
+    time_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class CheckSample:
+    group_size: int
+    time_s: float
+    source: str
+
+
+@dataclass
+class Samples:
+    comm: list[CommSample] = field(default_factory=list)
+    units: list[UnitSample] = field(default_factory=list)
+    optimizer: list[OptimizerSample] = field(default_factory=list)
+    checks: list[CheckSample] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)  # backend facts (impl, overlap)
+    sources: list[str] = field(default_factory=list)
+
+    def extend(self, other: Samples) -> None:
+        self.comm += other.comm
+        self.units += other.units
+        self.optimizer += other.optimizer
+        self.checks += other.checks
+        self.meta.update(other.meta)
+        self.sources += other.sources
+
+
+def _bench_instances(group: str, size: int, concurrent: int, nodes: int, per_node: int
+                     ) -> tuple[tuple[int, ...], ...]:
+    """The rank tuples a bench group kind stands for (ranks numbered node by node)."""
+    if group == "intra":
+        insts = [tuple(n * per_node + i for i in range(size)) for n in range(nodes)]
+    elif group == "inter":
+        insts = [tuple(n * per_node + loc for n in range(size)) for loc in range(per_node)]
+    else:
+        insts = [tuple(range(size))]
+    return tuple(insts[: max(1, concurrent)])
+
+
+def read_bench(path: Path) -> Samples:
+    """A realrun bench folder (or its bench-summary.json)."""
+    p = path / BENCH_SUMMARY if path.is_dir() else path
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"calibrate: no bench summary at {p}") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"calibrate: {p} is not valid JSON (line {exc.lineno})") from None
+    meta = data.get("meta", {})
+    nodes = int(meta.get("nodes", 1))
+    per_node = int(meta.get("ranks_per_node", meta.get("world_size", 1)))
+    world = nodes * per_node
+    src = str(p)
+    out = Samples(sources=[src])
+    impl = meta.get("impl", {})
+    out.meta["reduce_scatter_impl"] = (
+        "all_reduce" if "allreduce" in str(impl.get("reduce_scatter", "")) else "reduce_scatter")
+    out.meta["overlap_compute"] = not str(meta.get("overlap", "")).startswith("none")
+    out.meta["backend"] = meta.get("backend", "")
+    for row in data.get("comm", []):
+        op = row["op"]
+        if op == "reduce_scatter" and out.meta["reduce_scatter_impl"] == "all_reduce":
+            op = "all_reduce"
+        insts = _bench_instances(row["group"], int(row["group_size"]),
+                                 int(row.get("concurrent_groups", 1)), nodes, per_node)
+        out.comm.append(CommSample(
+            op=op, instances=insts, nbytes=int(row["nbytes"]), time_s=float(row["time_s"]),
+            world=world, gpus_per_node=per_node, source=src,
+            label=f"{row['op']} {row['group']} p={row['group_size']} x{len(insts)} "
+                  f"{int(row['nbytes'])} B"))
+    for row in data.get("units", []):
+        out.units.append(UnitSample(phase=row["phase"], flops=float(row["flops"]),
+                                    time_s=float(row["time_s"]), source=src,
+                                    label=f"{row.get('kind', 'unit')} {row['phase']}"))
+    if not data.get("units"):  # fall back on the generic compute block
+        for row in data.get("compute", []):
+            if int(row.get("concurrent", 1)) < per_node:
+                continue  # keep the rows measured under training-like contention
+            out.units.append(UnitSample(phase=row["phase"], flops=float(row["flops"]),
+                                        time_s=float(row["time_s"]), source=src,
+                                        label=f"block {row['phase']}"))
+    for row in data.get("optimizer", []):
+        out.optimizer.append(OptimizerSample(params=float(row["params"]),
+                                             time_s=float(row["time_s"]), source=src))
+    for row in data.get("checks", []):
+        if "detail_check_s" in row:
+            out.checks.append(CheckSample(group_size=int(row["group_size"]),
+                                          time_s=float(row["detail_check_s"]), source=src))
+    return out
+
+
+def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
+    """Collectives from a realrun training trace (cat comm spans with attrs.ranks)."""
+    meta, spans = read_trace(path)
+    out = Samples(sources=[str(path)])
+    world = int(meta.get("world_size", 0))
+    gloo = meta.get("backend") == "gloo"
+    for s in spans:
+        if s.cat != "comm" or s.dur_s <= 0 or not s.nbytes:
+            continue
+        op = _OP_NAMES.get(s.name)
+        ranks = s.attrs.get("ranks")
+        if op is None or not ranks or len(ranks) < 2:
+            continue
+        if gloo and op == "reduce_scatter":
+            op = "all_reduce"
+        out.comm.append(CommSample(op=op, instances=(tuple(ranks),), nbytes=int(s.nbytes),
+                                   time_s=s.dur_s, world=world, gpus_per_node=gpus_per_node,
+                                   source=str(path), label=f"{s.name} {s.group}"))
+    if gloo:
+        out.meta.update(reduce_scatter_impl="all_reduce", overlap_compute=False,
+                        backend="gloo")
+    return out
+
+
+def read_chrome(path: Path, gpus_per_node: int) -> Samples:
+    """NCCL kernels from a PyTorch profiler Chrome trace: args 'Collective name',
+    'In msg nelems' / 'Out msg nelems', 'dtype', 'Group size', 'Process Group Ranks'."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"calibrate: {path} is not valid JSON (line {exc.lineno})") from None
+    events = data.get("traceEvents", data) if isinstance(data, dict) else data
+    out = Samples(sources=[str(path)])
+    kernels = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+               and "Collective name" in (e.get("args") or {})]
+    gpu = [e for e in kernels if str(e.get("cat", "")).lower() in ("kernel", "gpu", "cuda")]
+    for e in gpu or kernels:
+        a = e["args"]
+        op = _OP_NAMES.get(str(a["Collective name"]).lower())
+        if op is None:
+            continue
+        size = _DTYPE_BYTES.get(str(a.get("dtype", "float")).lower(), 4)
+        n_in = int(a.get("In msg nelems", 0))
+        n_out = int(a.get("Out msg nelems", n_in))
+        nbytes = size * (n_out if op == "all_gather" else n_in)
+        ranks = a.get("Process Group Ranks")
+        if isinstance(ranks, str):
+            ranks = json.loads(ranks)
+        p = int(a.get("Group size", len(ranks) if ranks else 0))
+        if p < 2 or nbytes <= 0:
+            continue
+        inst = tuple(ranks) if ranks else tuple(range(p))
+        out.comm.append(CommSample(op=op, instances=(inst,), nbytes=nbytes,
+                                   time_s=float(e["dur"]) * 1e-6, world=max(inst) + 1,
+                                   gpus_per_node=gpus_per_node, source=str(path),
+                                   label=f"{e.get('name', op)[:40]}"))
+    return out
+
+
+def read_inputs(paths: list[Path], gpus_per_node: int) -> Samples:
+    """Any mix of bench folders/summaries, realrun traces (.jsonl) and Chrome traces (.json)."""
+    out = Samples()
+    for p in paths:
+        if not p.exists():
+            raise SpecError(f"calibrate: input not found: {p}")
+        if p.is_dir():
+            if (p / BENCH_SUMMARY).exists():
+                out.extend(read_bench(p))
+                continue
+            traces = sorted(p.glob("trace_rank*.jsonl"))
+            if not traces:
+                raise SpecError(f"calibrate: {p} holds neither {BENCH_SUMMARY} nor "
+                                "trace_rank*.jsonl")
+            for t in traces:
+                out.extend(read_realrun_trace(t, gpus_per_node))
+        elif p.name == BENCH_SUMMARY:
+            out.extend(read_bench(p))
+        elif p.suffix == ".jsonl":
+            out.extend(read_realrun_trace(p, gpus_per_node))
+        elif p.suffix == ".json":
+            out.extend(read_chrome(p, gpus_per_node))
+        else:
+            raise SpecError(f"calibrate: {p}: expected a bench folder, a .jsonl realrun trace "
+                            "or a .json Chrome trace")
+    return out

@@ -1,0 +1,196 @@
+"""Validation: predict real runs from a profile calibrated only on micro-benchmarks, and report
+the error of every prediction.
+
+`simfed validate SCENARIO` (as root, on the `realrun testbed`):
+1. runs `realrun bench SCENARIO --testbed` (collectives, per-unit compute, optimizer) for the
+   scenario and each of its `validation.bench_sets` (e.g. other model sizes);
+2. fits a profile on those benchmarks alone (`simfed calibrate`);
+3. runs every validation shape end to end with `realrun testbed run ... realrun.train`;
+4. predicts each shape and algorithm with simfed (scenario + shape overrides + profile) and
+   compares step time, phase times and the FL-vs-FSDP speedup with the measurements.
+Steps whose outputs already exist in the output folder are not re-run (`--reuse`), so the
+measurements can be taken once and the prediction iterated, or read from another machine.
+simfed never imports torch or realrun: it calls the `realrun` command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..engine import simulate
+from ..spec.scenario import Scenario, ValidationShape, load_scenario
+from ..spec.schema import SpecError
+from ..spec.trace import read_trace
+from . import calibrate, read_inputs, write_profile
+
+PHASES = ("forward", "backward", "optimizer", "aggregation")
+SPEEDUP_PAIRS = (("fl_fsdp", "fsdp"), ("fl_hsdp", "hsdp"), ("fl_hsdp", "fsdp"))
+
+
+def default_shapes(scn: Scenario) -> tuple[ValidationShape, ...]:
+    rate = scn.cluster.node.nics.bw_Gbps
+    return (
+        ValidationShape(name="base", set={}),
+        ValidationShape(name="half-rate", set={"cluster.node.nics.bw_Gbps": rate / 2}),
+    )
+
+
+def _fmt_sets(sets: dict[str, Any]) -> list[str]:
+    out = []
+    for k, v in sorted(sets.items()):
+        out += ["--set", f"{k}={json.dumps(v) if isinstance(v, (list, dict)) else v}"]
+    return out
+
+
+@dataclass
+class Runner:
+    """Runs realrun commands (a subprocess per step), logging to the output folder."""
+
+    out: Path
+    echo: Callable[[str], None]
+    timeout_s: float = 1800.0
+
+    def realrun(self, args: list[str], log: Path) -> None:
+        exe = shutil.which("realrun", path=str(Path(sys.executable).parent)) or \
+            shutil.which("realrun")
+        cmd = [exe] if exe else [sys.executable, "-m", "realrun.cli"]
+        cmd += args
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.echo("  $ realrun " + " ".join(args))
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        with open(log, "w", encoding="utf-8") as fh:
+            try:
+                proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                      timeout=self.timeout_s, check=False)
+            except subprocess.TimeoutExpired:
+                raise SpecError(f"validate: `realrun {args[0]}` ran past {self.timeout_s:.0f} s; "
+                                f"see {log}") from None
+        if proc.returncode != 0:
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            last = next((ln for ln in reversed(tail) if ln.strip()), "")
+            raise SpecError(f"validate: `realrun {args[0]}` failed (exit {proc.returncode}): "
+                            f"{last[:200]} (log: {log})")
+
+
+def _measured(run_dir: Path) -> dict[str, Any]:
+    """Step and phase times of a realrun output folder, after the first (warm-up) step."""
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    phases: dict[str, list[float]] = {p: [] for p in PHASES}
+    for trace in sorted(run_dir.glob("trace_rank*.jsonl")):
+        _meta, spans = read_trace(trace)
+        per_step: dict[tuple[str, int], float] = {}
+        for s in spans:
+            if s.cat == "phase" and s.step >= 1 and s.name in phases:
+                per_step[(s.name, s.step)] = per_step.get((s.name, s.step), 0.0) + s.dur_s
+        steps = {st for _n, st in per_step} or {1}
+        for p in PHASES:
+            phases[p].append(sum(per_step.get((p, st), 0.0) for st in steps) / len(steps))
+    return {
+        "step_time_s": summary["step_time_s_after_first"],
+        "phases_s": {p: (statistics.fmean(v) if v else 0.0) for p, v in phases.items()},
+        "summary": summary,
+    }
+
+
+def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
+             reuse: bool = True, skip_runs: bool = False) -> dict[str, Any]:
+    scn = load_scenario(scenario)
+    shapes = scn.validation.shapes or default_shapes(scn)
+    runner = Runner(out, echo)
+    out.mkdir(parents=True, exist_ok=True)
+    needs_root = not skip_runs
+    # ---- 1. benchmarks
+    bench_sets = [{}] + [dict(s) for s in scn.validation.bench_sets]
+    bench_dirs = []
+    for i, sets in enumerate(bench_sets):
+        d = out / "bench" / f"set{i}"
+        bench_dirs.append(d)
+        if reuse and (d / "bench-summary.json").exists():
+            echo(f"bench {i}: reusing {d}")
+            continue
+        if needs_root and os.geteuid() != 0:
+            raise SpecError(f"validate: the testbed needs root (euid is {os.geteuid()}); run as "
+                            f"root, or give measurements already in {out} (--reuse)")
+        echo(f"bench {i}: {sets or 'scenario as is'}")
+        runner.realrun(["bench", str(scenario), "--testbed", "--out", str(d), *_fmt_sets(sets)],
+                       out / "logs" / f"bench{i}.log")
+    # ---- 2. calibration on the benchmarks only
+    samples = read_inputs(bench_dirs, scn.cluster.node.gpus)
+    profile, report = calibrate(scn, samples)
+    profile_path = write_profile(
+        out / "profile.yaml", profile,
+        header=f"simfed calibrate: fitted on realrun micro-benchmarks only ({len(bench_dirs)} "
+               f"bench run(s) of {scenario.name}); never on end-to-end runs")
+    (out / "calibration.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    echo(f"profile: {profile_path}")
+    # ---- 3. end-to-end runs, 4. predictions
+    rows = []
+    for shape in shapes:
+        sets = dict(shape.set or {})
+        algs = list(shape.algorithms) or [a.label or a.name for a in scn.algorithms]
+        run_dir = out / "runs" / shape.name
+        missing = [a for a in algs if not reuse or not (run_dir / a / "summary.json").exists()]
+        if missing:
+            if skip_runs:
+                raise SpecError(f"validate: no measurements for shape {shape.name!r} in "
+                                f"{run_dir} ({', '.join(missing)})")
+            if os.geteuid() != 0:
+                raise SpecError(f"validate: the testbed needs root (euid is {os.geteuid()})")
+            echo(f"shape {shape.name}: running {', '.join(missing)} {sets or ''}")
+            runner.realrun(["testbed", "run", str(scenario), *_fmt_sets(sets), "--",
+                            str(scenario), *_fmt_sets(sets), "--algorithm", ",".join(missing),
+                            "--out", str(run_dir)], out / "logs" / f"run-{shape.name}.log")
+        pscn = load_scenario(scenario, sets, profile=profile_path)
+        pred, _ = simulate(pscn, algorithms=algs)
+        by_name = {r["name"]: r for r in pred["algorithms"]}
+        for a in algs:
+            m = _measured(run_dir / a)
+            p = by_name[pscn.algorithm(a).name]
+            err = (p["step_time_s"] - m["step_time_s"]) / m["step_time_s"]
+            rows.append({
+                "name": f"{shape.name}/{a}", "shape": shape.name, "set": sets, "algorithm": a,
+                "predicted_step_time_s": p["step_time_s"],
+                "measured_step_time_s": m["step_time_s"], "error": err,
+                "predicted_phases_s": {k: p["phases_s"][k] for k in PHASES},
+                "measured_phases_s": m["phases_s"],
+                "phase_errors_s": {k: p["phases_s"][k] - m["phases_s"][k] for k in PHASES},
+            })
+    speedups = []
+    for shape in shapes:
+        got = {r["algorithm"]: r for r in rows if r["shape"] == shape.name}
+        for fast, slow in SPEEDUP_PAIRS:
+            if fast in got and slow in got:
+                ms = got[slow]["measured_step_time_s"] / got[fast]["measured_step_time_s"]
+                ps = got[slow]["predicted_step_time_s"] / got[fast]["predicted_step_time_s"]
+                speedups.append({"name": f"{shape.name}: {fast}/{slow}", "shape": shape.name,
+                                 "pair": f"{fast}/{slow}", "measured": ms, "predicted": ps,
+                                 "error": (ps - ms) / ms})
+    abs_err = [abs(r["error"]) for r in rows]
+    worst = max(rows, key=lambda r: abs(r["error"])) if rows else None
+    main_pairs = [s for s in speedups if s["pair"] == "fl_fsdp/fsdp"]
+    result = {
+        "scenario": scn.name,
+        "profile": str(profile_path),
+        "calibration": {k: {"n": v["n"], "rms_rel_error": v["rms_rel_error"]}
+                        for k, v in report["fits"].items()},
+        "runs": rows,
+        "speedups": speedups,
+        "summary": {
+            "runs": len(rows),
+            "median_abs_error": statistics.median(abs_err) if abs_err else None,
+            "mean_abs_error": statistics.fmean(abs_err) if abs_err else None,
+            "worst": {"name": worst["name"], "error": worst["error"]} if worst else None,
+            "fl_fsdp_over_fsdp_max_abs_error":
+                max((abs(s["error"]) for s in main_pairs), default=None),
+        },
+    }
+    return result
