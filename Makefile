@@ -17,7 +17,7 @@ install: $(BIN)/python
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[real,dev]"
+	$(BIN)/pip install -q -e ".[real,dev,distributed]"
 
 run: install
 	$(BIN)/simfed run scenarios/512gpu.yaml

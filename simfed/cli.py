@@ -120,5 +120,16 @@ def schema() -> None:
     click.echo(describe(Scenario))
 
 
+# --- sweeps, plots and figures (issue 6; owned by the sweeps/plots work, keep this block last) ---
+from .figures import figures_command  # noqa: E402
+from .plots.cli import plot_command  # noqa: E402
+from .sweep import sweep_command  # noqa: E402
+
+main.add_command(sweep_command)
+main.add_command(plot_command)
+main.add_command(figures_command)
+# --- end of sweeps, plots and figures ---
+
+
 if __name__ == "__main__":
     main()

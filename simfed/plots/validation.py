@@ -1,0 +1,126 @@
+"""Predicted against measured, from `simfed validate` JSON: step times on a parity plot, phase
+times side by side, and speedups; panels without data are left out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .common import PHASE_COLORS, PHASE_ORDER, algorithm_color, new_figure
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if np.isfinite(f) and f > 0 else None
+
+
+def plot_validation(data: Mapping[str, Any], *, title: str | None = None) -> Figure:
+    """`data`: {"runs": [{name, algorithm, predicted_step_time_s, measured_step_time_s,
+    predicted_phases_s, measured_phases_s}], "speedups": [{name, predicted, measured}]};
+    every field is optional, runs or speedups missing a side are skipped."""
+    runs = [r for r in (data.get("runs") or []) if isinstance(r, Mapping)]
+    steps = [r for r in runs if _num(r.get("predicted_step_time_s"))
+             and _num(r.get("measured_step_time_s"))]
+    phased = [r for r in runs if isinstance(r.get("predicted_phases_s"), Mapping)
+              and isinstance(r.get("measured_phases_s"), Mapping)]
+    speedups = [s for s in (data.get("speedups") or []) if isinstance(s, Mapping)
+                and _num(s.get("predicted")) and _num(s.get("measured"))]
+    panels = [p for p, have in (("steps", steps), ("phases", phased), ("speedups", speedups))
+              if have]
+    if not panels:
+        raise ValueError("nothing to compare: no run or speedup has both a predicted and a "
+                         "measured value")
+    widths = {"steps": 1.0, "phases": 1.4, "speedups": 1.0}
+    fig = new_figure(1.0 + 4.4 * sum(widths[p] for p in panels), 4.6)
+    axes = fig.subplots(1, len(panels), width_ratios=[widths[p] for p in panels], squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        if panel == "steps":
+            _parity(ax, steps)
+        elif panel == "phases":
+            _phases(ax, phased)
+        else:
+            _speedups(ax, speedups)
+    fig.suptitle(title or "simfed validation: predicted vs measured", fontsize=11)
+    return fig
+
+
+def _name(r: Mapping[str, Any], i: int) -> str:
+    return str(r.get("name") or r.get("algorithm") or f"run {i + 1}")
+
+
+def _parity(ax, runs: list[Mapping[str, Any]]) -> None:
+    pred = np.array([float(r["predicted_step_time_s"]) for r in runs])
+    meas = np.array([float(r["measured_step_time_s"]) for r in runs])
+    lo, hi = float(min(pred.min(), meas.min())) / 1.5, float(max(pred.max(), meas.max())) * 1.5
+    line = np.array([lo, hi])
+    ax.plot(line, line, color="0.3", linewidth=1, label="exact")
+    ax.fill_between(line, line / 1.2, line * 1.2, color="0.85", label="within 20%")
+    ax.fill_between(line, line / 1.1, line * 1.1, color="0.75", label="within 10%")
+    for i, r in enumerate(runs):
+        ax.scatter(meas[i], pred[i], color=algorithm_color(str(r.get("algorithm")), i),
+                   zorder=3, s=30)
+        err = 100 * (pred[i] - meas[i]) / meas[i]
+        ax.annotate(f"{_name(r, i)} ({err:+.0f}%)", (meas[i], pred[i]), fontsize=7,
+                    textcoords="offset points", xytext=(5, 3))
+    if hi / lo > 20:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal", adjustable="box")
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    errs = np.abs(pred - meas) / meas
+    ax.set_title(f"Step time (mean |error| {100 * errs.mean():.0f}%)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, alpha=0.3)
+
+
+def _phases(ax, runs: list[Mapping[str, Any]]) -> None:
+    pos = np.arange(len(runs))
+    width = 0.38
+    for side, off, hatch in (("predicted", -width / 2, ""), ("measured", width / 2, "//")):
+        bottom = np.zeros(len(runs))
+        for phase in PHASE_ORDER:
+            vals = np.array([float((r.get(f"{side}_phases_s") or {}).get(phase) or 0.0)
+                             for r in runs])
+            if not vals.any():
+                continue
+            ax.bar(pos + off, vals, width, bottom=bottom, color=PHASE_COLORS[phase],
+                   hatch=hatch, edgecolor="white", linewidth=0.4,
+                   label=phase if side == "predicted" else None)
+            bottom += vals
+    ax.set_xticks(pos)
+    ax.set_xticklabels([_name(r, i) for i, r in enumerate(runs)], fontsize=8, rotation=20,
+                       ha="right")
+    ax.set_ylabel("time per step (s)")
+    ax.set_title("Phases: left bar predicted, right (hatched) measured", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def _speedups(ax, items: list[Mapping[str, Any]]) -> None:
+    pos = np.arange(len(items))
+    width = 0.38
+    pred = [float(s["predicted"]) for s in items]
+    meas = [float(s["measured"]) for s in items]
+    ax.bar(pos - width / 2, pred, width, label="predicted", color="#3182bd")
+    ax.bar(pos + width / 2, meas, width, label="measured", color="#bdbdbd", hatch="//",
+           edgecolor="white")
+    for i, (p, m) in enumerate(zip(pred, meas, strict=True)):
+        ax.text(i - width / 2, p, f"{p:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.text(i + width / 2, m, f"{m:.2f}x", ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1)
+    ax.set_xticks(pos)
+    ax.set_xticklabels([str(s.get("name") or f"#{i + 1}") for i, s in enumerate(items)],
+                       fontsize=8, rotation=20, ha="right")
+    ax.set_ylabel("speedup (x)")
+    ax.set_ylim(0, max(pred + meas) * 1.18)
+    ax.set_title("Speedups", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, axis="y", alpha=0.3)
