@@ -33,7 +33,9 @@ def shard_model(model: Llama, mesh: DeviceMesh, algo: AlgorithmSpec) -> dict[str
     for block in model.layers:
         fully_shard(block, mesh=mesh, reshard_after_forward=True)
         blocks.append(block)  # type: ignore[arg-type]
-    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    # the root unit (embedding, norm, head): kept unsharded from forward to backward as FSDP1
+    # does, unless the scenario asks to reshard it (then backward all-gathers it again)
+    fully_shard(model, mesh=mesh, reshard_after_forward=algo.reshard_root_after_forward)
     if algo.forward_prefetch:
         for this, nxt in itertools.pairwise(blocks):
             this.set_modules_to_forward_prefetch([nxt])
@@ -48,4 +50,5 @@ def shard_model(model: Llama, mesh: DeviceMesh, algo: AlgorithmSpec) -> dict[str
         "backward_prefetch": backward,
         "fsdp2_backward_prefetch": "none" if backward == "none" else "pre (one block ahead)",
         "reshard_after_forward": True,
+        "reshard_root_after_forward": algo.reshard_root_after_forward,
     }

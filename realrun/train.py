@@ -317,6 +317,10 @@ class Trainer:
                 loss_sum += float((per_seq * weight).sum().item())
                 tokens += int(weight.sum().item()) * targets.shape[1]
             attrs.update(loss_sum=loss_sum, tokens=tokens)
+        # a forward without backward leaves a root kept unsharded after forward gathered
+        reshard = getattr(self.model, "reshard", None)
+        if callable(reshard):
+            reshard()
         return [loss_sum, tokens]
 
     @torch.no_grad()

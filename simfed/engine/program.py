@@ -6,7 +6,8 @@ replicate, fed) in host order; ops on a stream run in issue order; `deps` are cr
 
 FSDP1 (FULL_SHARD / HYBRID_SHARD) as the paper's code configures it:
 - forward, per unit: all-gather (pre-forward), forward compute, reshard (free) after forward; the
-  root unit (embedding, norm, head) stays unsharded until the end of backward. With
+  root unit (embedding, norm, head) stays unsharded until the end of backward (unless
+  `reshard_root_after_forward`: then backward gathers it again first). With
   forward_prefetch the next unit's all-gather is issued before this unit's compute.
 - backward, per unit in reverse: all-gather (pre-backward hook), backward compute, reduce-scatter
   (post-backward hook); HYBRID_SHARD then all-reduces the gradient shard over the replica group
@@ -130,15 +131,18 @@ def build_program(
             deps=(ag.idx,) if ag else (), duration_s=t.forward_s[i], host_s=launch_s_per_unit,
             free_unit=i if sharded else -1)
     ag0 = ag_fwd[0]
+    reshard_root = sharded and alg.reshard_root_after_forward
     head = add(kind=COMPUTE, stream=0, phase=FWD, name="forward root (head, loss)", unit=0,
                deps=(ag0.idx,) if ag0 else (), duration_s=t.forward_s[0],
-               host_s=launch_s_per_unit)
+               host_s=launch_s_per_unit, free_unit=0 if reshard_root else -1)
     if host.sync_per_phase:
         add(kind=SYNC, stream=-1, phase=FWD, name="loss.item()", waits=(head.idx,))
 
     # ---- backward -----------------------------------------------------------------------
+    ag_root = all_gather(0, BWD) if reshard_root else None
     bwd_root = add(kind=COMPUTE, stream=0, phase=BWD, name="backward root (head)", unit=0,
-                   duration_s=t.backward_s[0], host_s=launch_s_per_unit)
+                   deps=(ag_root.idx,) if ag_root else (), duration_s=t.backward_s[0],
+                   host_s=launch_s_per_unit)
     reduced: list[int] = []
     ag_bwd: dict[int, Op | None] = {}
 

@@ -199,6 +199,9 @@ class AlgorithmSpec:
     aggregate_every: int = param(0, ge=0, doc="fl_*: K, local steps between FedAvg rounds")
     shard_size: int = param(0, ge=0, doc="hsdp/fl_hsdp: shard group size (0 = a node)")
     forward_prefetch: bool = param(False)
+    reshard_root_after_forward: bool = param(
+        False, doc="reshard the root unit (embedding, head) after forward and all-gather it "
+        "again in backward (FSDP1 and FSDP2's heuristic keep it: false)")
     limit_all_gathers: bool = param(
         True, doc="FSDP1 rate limiter: the host waits before a third all-gather is in flight "
         "(FSDP1 default True; the paper's code sets False)")

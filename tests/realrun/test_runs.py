@@ -148,8 +148,10 @@ def test_traces_tag_the_run_and_follow_the_plans_process_groups(four):
                        and x.nbytes == s["fedavg"]["nbytes_per_rank"] for x in fed)
             if name == "fsdp":  # backward_prefetch none: next block's all-gather after the RS
                 ops = [x.name for x in comm if x.step == 1 and x.attrs["phase"] == "backward"]
-                assert ops == (["all_gather"] + ["all_gather", "reduce_scatter"] * SC.model.layers
-                               + ["reduce_scatter"])
+                # (the root unit stays gathered from forward to backward)
+                assert ops == (["all_gather"]
+                               + ["reduce_scatter", "all_gather"] * (SC.model.layers - 1)
+                               + ["reduce_scatter"] * 2)
             steps = {x.step: x for x in spans if x.cat == "step"}
             assert sorted(steps) == list(range(SC.training.steps))
             for step, st in steps.items():  # phases tile the step, back to back
