@@ -8,7 +8,7 @@ looked up."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +57,19 @@ class _Maker:
         self.echo(f"wrote {p}")
 
 
+FIGURE_GROUPS = ("gpus", "heatmap", "phases", "gantt", "validation", "perplexity")
+
+
 def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | Path = "figures",
                  *, results_dir: str | Path = "results", jobs: int | None = None,
                  dpi: int = 100, svg: bool = False, progress: bool = True,
-                 echo: Callable[[str], Any] = print) -> list[Path]:
-    """Every figure for `scenario` (the 512-GPU paper scenario by default)."""
+                 echo: Callable[[str], Any] = print, only: Collection[str] | None = None,
+                 gpu_nodes: str = GPU_NODES, gpu_steps: int = GPU_STEPS,
+                 group_sizes: tuple[int, ...] = GROUP_SIZES_NODES,
+                 heatmap_groups: str = HEATMAP_GROUPS, heatmap_k: str = HEATMAP_K,
+                 gantt_steps: int = GANTT_STEPS) -> list[Path]:
+    """Every figure for `scenario` (the 512-GPU paper scenario by default), or the groups in
+    `only` (FIGURE_GROUPS); the grid settings default to the module constants."""
     from .engine import simulate
     from .plots import (
         load_summaries,
@@ -78,88 +86,95 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
     scenario = Path(scenario)
     if not scenario.exists():
         raise SpecError(f"scenario not found: {scenario}")
+    unknown = sorted(set(only or ()) - set(FIGURE_GROUPS))
+    if unknown:
+        raise SpecError(f"figures: unknown group {unknown[0]!r}; valid: {', '.join(FIGURE_GROUPS)}")
+    todo = set(only or FIGURE_GROUPS)
     stem = scenario.stem
     m = _Maker(Path(out_dir), stem, dpi, svg, echo)
+    given = load_scenario(scenario).runtime.host.debug_checks
 
-    # 1. GPU count (x group size of FL+FSDP, x TORCH_DISTRIBUTED_DEBUG checks on/off)
-    spec = SweepSpec(
-        scenario=str(scenario), name=f"{stem}_gpus", sets={"training.steps": GPU_STEPS},
-        axes=(_axis("cluster.nodes", GPU_NODES),
-              _axis("algorithms.fl_fsdp.group_nodes", ",".join(map(str, GROUP_SIZES_NODES))),
-              Axis(keys=("runtime.host.debug_checks",), values=(("detail",), ("off",)))),
-    )
-    res = run_sweep(spec, jobs=jobs, progress=progress)
-    echo(f"sweep {spec.name}: {res.meta['points']} points, {len(res.rows)} rows in "
-         f"{res.wall_s:.1f} s")
-    m.data(res.rows, f"{stem}_gpus_sweep.csv")
-    paper = GROUP_SIZES_NODES[0]
-    checks_on = res.rows[0]["params"]["runtime.host.debug_checks"]
+    if "gpus" in todo:  # GPU count x FL+FSDP group size x debug checks as given / the other way
+        other = "off" if given == "detail" else "detail"
+        spec = SweepSpec(
+            scenario=str(scenario), name=f"{stem}_gpus", sets={"training.steps": gpu_steps},
+            axes=(_axis("cluster.nodes", gpu_nodes),
+                  _axis("algorithms.fl_fsdp.group_nodes", ",".join(map(str, group_sizes))),
+                  Axis(keys=("runtime.host.debug_checks",), values=((given,), (other,)))),
+        )
+        res = run_sweep(spec, jobs=jobs, progress=progress)
+        echo(f"sweep {spec.name}: {res.meta['points']} points, {len(res.rows)} rows in "
+             f"{res.wall_s:.1f} s")
+        m.data(res.rows, f"{stem}_gpus_sweep.csv")
+        first = group_sizes[0]
 
-    def pick(group: int | None, checks: str) -> Callable[[dict[str, Any]], bool]:
-        def keep(r: dict[str, Any]) -> bool:
-            p = r["params"]
-            return (p["runtime.host.debug_checks"] == checks
-                    and (group is None or p["algorithms.fl_fsdp.group_nodes"] == group))
-        return keep
+        def pick(group: int | None, checks: str) -> Callable[[dict[str, Any]], bool]:
+            def keep(r: dict[str, Any]) -> bool:
+                p = r["params"]
+                return (p["runtime.host.debug_checks"] == checks
+                        and (group is None or p["algorithms.fl_fsdp.group_nodes"] == group))
+            return keep
 
-    ctx = scenario_title(res.rows)
-    m.save(plot_scaling(res.rows, where=pick(paper, checks_on),
-                        title=f"{ctx}\nthroughput and speedup vs GPU count, the scenario as "
-                              f"given (debug checks: {checks_on})"),
-           f"{stem}_speedup_vs_gpus")
-    m.save(plot_scaling(res.rows, where=pick(paper, "off"),
-                        title=f"{ctx}\nthe same without TORCH_DISTRIBUTED_DEBUG checks "
-                              "(runtime.host.debug_checks=off)"),
-           f"{stem}_speedup_vs_gpus_no_debug_checks")
-    fl = [r for r in res.rows if r["name"] in ("fsdp", "hsdp", "fl_fsdp")]
-    m.save(plot_scaling(fl, where=pick(None, checks_on),
-                        title=f"{ctx}\nFL+FSDP by federation group size (group = nodes per "
-                              f"group; debug checks: {checks_on})"),
-           f"{stem}_fl_fsdp_group_size_vs_gpus")
+        ctx = scenario_title(res.rows)
+        m.save(plot_scaling(res.rows, where=pick(first, given),
+                            title=f"{ctx}\nthroughput and speedup vs GPU count, the scenario as "
+                                  f"given (TORCH_DISTRIBUTED_DEBUG checks: {given})"),
+               f"{stem}_speedup_vs_gpus")
+        what = "without" if other == "off" else "with"
+        m.save(plot_scaling(res.rows, where=pick(first, other),
+                            title=f"{ctx}\nthe same {what} TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
+                                  f"(runtime.host.debug_checks={other})"),
+               f"{stem}_speedup_vs_gpus_{what}_debug_checks")
+        fl = [r for r in res.rows if r["name"] in ("fsdp", "hsdp", "fl_fsdp")]
+        m.save(plot_scaling(fl, where=pick(None, given),
+                            title=f"{ctx}\nFL+FSDP by federation group size (group = nodes per "
+                                  f"group; debug checks: {given})"),
+               f"{stem}_fl_fsdp_group_size_vs_gpus")
 
-    # 2. group size x K at the scenario's own size
-    spec = SweepSpec(
-        scenario=str(scenario), name=f"{stem}_group_k", algorithms=("fsdp", "hsdp", "fl_fsdp"),
-        axes=(_axis("algorithms.fl_fsdp.group_nodes", HEATMAP_GROUPS),
-              _axis("algorithms.fl_fsdp.aggregate_every", HEATMAP_K)),
-    )
-    res = run_sweep(spec, jobs=jobs, progress=progress)
-    echo(f"sweep {spec.name}: {res.meta['points']} points, {len(res.rows)} rows in "
-         f"{res.wall_s:.1f} s")
-    m.data(res.rows, f"{stem}_group_k_sweep.csv")
-    for base in ("fsdp", "hsdp"):
-        m.save(plot_heatmap(res.rows, x="algorithms.fl_fsdp.aggregate_every",
-                            y="algorithms.fl_fsdp.group_nodes", algorithm="fl_fsdp",
-                            baseline=base),
-               f"{stem}_fl_fsdp_speedup_over_{base}_group_size_x_k")
+    if "heatmap" in todo:  # group size x K at the scenario's own size
+        spec = SweepSpec(
+            scenario=str(scenario), name=f"{stem}_group_k",
+            algorithms=("fsdp", "hsdp", "fl_fsdp"),
+            axes=(_axis("algorithms.fl_fsdp.group_nodes", heatmap_groups),
+                  _axis("algorithms.fl_fsdp.aggregate_every", heatmap_k)),
+        )
+        res = run_sweep(spec, jobs=jobs, progress=progress)
+        echo(f"sweep {spec.name}: {res.meta['points']} points, {len(res.rows)} rows in "
+             f"{res.wall_s:.1f} s")
+        m.data(res.rows, f"{stem}_group_k_sweep.csv")
+        for base in ("fsdp", "hsdp"):
+            m.save(plot_heatmap(res.rows, x="algorithms.fl_fsdp.aggregate_every",
+                                y="algorithms.fl_fsdp.group_nodes", algorithm="fl_fsdp",
+                                baseline=base),
+                   f"{stem}_fl_fsdp_speedup_over_{base}_group_size_x_k")
 
-    # 3. phases and one-step timelines of the scenario as given
-    t0 = time.perf_counter()
-    out, _ = simulate(load_scenario(scenario))
-    m.save(plot_phases(out), f"{stem}_phases")
-    out, spans = simulate(load_scenario(scenario, {"training.steps": GANTT_STEPS}), trace=True,
-                          trace_steps=GANTT_STEPS)
-    m.save(plot_gantt(spans, results=out["algorithms"],
-                      title=f"{stem}: step {GANTT_STEPS} (with FedAvg for K={GANTT_STEPS}) of "
-                            "rank 0, per algorithm"),
-           f"{stem}_gantt_step{GANTT_STEPS}")
-    echo(f"phases and timelines in {time.perf_counter() - t0:.1f} s")
+    if "phases" in todo:  # the scenario as given
+        out, _ = simulate(load_scenario(scenario))
+        m.save(plot_phases(out), f"{stem}_phases")
 
-    # 4. measured data, when there is some
+    if "gantt" in todo:
+        out, spans = simulate(load_scenario(scenario, {"training.steps": gantt_steps}),
+                              trace=True, trace_steps=gantt_steps)
+        m.save(plot_gantt(spans, results=out["algorithms"],
+                          title=f"{scenario_title([out])}\nstep {gantt_steps} of rank 0, per "
+                                f"algorithm (the last of {gantt_steps}: it ends with FedAvg "
+                                f"when K divides {gantt_steps})"),
+               f"{stem}_gantt_step{gantt_steps}")
+
     results_dir = Path(results_dir)
     validate = results_dir / "validate.json"
-    if validate.exists():
+    if "validation" in todo and validate.exists():
         import json
 
         m.save(plot_validation(json.loads(validate.read_text(encoding="utf-8"))),
                "validate_predicted_vs_measured")
-    else:
+    elif "validation" in todo:
         echo(f"note: {validate} not found: skipping predicted-vs-measured "
-             "(run simfed validate first)")
+             "(run simfed validate --json first)")
     summaries = sorted((results_dir / "realrun").glob("*/summary.json"))
-    if summaries:
+    if "perplexity" in todo and summaries:
         m.save(plot_perplexity(load_summaries(summaries)), "realrun_perplexity_vs_time")
-    else:
+    elif "perplexity" in todo:
         echo(f"note: no {results_dir / 'realrun'}/*/summary.json: skipping perplexity-vs-time "
              "(run realrun run first)")
     return m.written
@@ -176,11 +191,13 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
 @click.option("--jobs", "-j", type=int, default=None, help="Sweep worker processes.")
 @click.option("--dpi", type=int, default=100, show_default=True)
 @click.option("--svg", is_flag=True, help="Also write SVG next to every PNG.")
+@click.option("--only", multiple=True, type=click.Choice(FIGURE_GROUPS),
+              help="Only these figure groups (repeat); default: all.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def figures_command(scenario: str, out_dir: str, results_dir: str, jobs: int | None, dpi: int,
-                    svg: bool, quiet: bool) -> None:
+                    svg: bool, only: tuple[str, ...], quiet: bool) -> None:
     """Regenerate every figure in figures/ (sweeps, heatmaps, phases, timelines, validation)."""
     t0 = time.perf_counter()
     written = make_figures(scenario, out_dir, results_dir=results_dir, jobs=jobs, dpi=dpi,
-                           svg=svg, progress=not quiet, echo=click.echo)
+                           svg=svg, progress=not quiet, echo=click.echo, only=only or None)
     click.echo(f"{len(written)} files in {out_dir}/ in {time.perf_counter() - t0:.1f} s")

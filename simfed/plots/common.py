@@ -142,7 +142,6 @@ def save_figure(fig: Figure, path: str | Path, formats: Iterable[str] | None = N
         kwargs: dict[str, Any] = {}
         if fmt == "png":
             meta = {"Software": None}
-            kwargs["pil_kwargs"] = {"optimize": True}
         elif fmt == "svg":
             meta = {"Date": None, "Creator": None}
         else:

@@ -1,0 +1,51 @@
+"""`simfed figures` regenerates every figure (here on the tiny scenario and small grids), and
+skips the measured-data figures with a note when their inputs are missing."""
+
+import json
+
+from click.testing import CliRunner
+
+from simfed.cli import main
+from simfed.figures import make_figures
+
+from ..conftest import ROOT
+from .test_plots import VALIDATE, summary
+
+TINY = ROOT / "tests" / "fixtures" / "tiny2x2.yaml"
+SMALL = {"gpu_nodes": "1:4:x2", "gpu_steps": 2, "group_sizes": (1, 2), "heatmap_groups": "1,2",
+         "heatmap_k": "1,2", "gantt_steps": 2}
+
+
+def test_every_figure(tmp_path):
+    results = tmp_path / "results"
+    (results / "realrun" / "fsdp").mkdir(parents=True)
+    (results / "validate.json").write_text(json.dumps(VALIDATE))
+    (results / "realrun" / "fsdp" / "summary.json").write_text(
+        json.dumps(summary("fsdp", 1.0, [5.0, 4.0])))
+    lines: list[str] = []
+    written = make_figures(TINY, tmp_path / "fig", results_dir=results, jobs=1, progress=False,
+                           echo=lines.append, **SMALL)
+    names = sorted(p.name for p in written)
+    assert names == sorted([
+        "tiny2x2_gpus_sweep.csv", "tiny2x2_speedup_vs_gpus.png",
+        "tiny2x2_speedup_vs_gpus_with_debug_checks.png", "tiny2x2_fl_fsdp_group_size_vs_gpus.png",
+        "tiny2x2_group_k_sweep.csv", "tiny2x2_fl_fsdp_speedup_over_fsdp_group_size_x_k.png",
+        "tiny2x2_fl_fsdp_speedup_over_hsdp_group_size_x_k.png", "tiny2x2_phases.png",
+        "tiny2x2_gantt_step2.png", "validate_predicted_vs_measured.png",
+        "realrun_perplexity_vs_time.png"])
+    for p in written:
+        assert 0 < p.stat().st_size < 150_000, p
+    assert not any(line.startswith("note:") for line in lines)
+
+
+def test_missing_inputs_are_skipped_with_a_note(tmp_path):
+    res = CliRunner().invoke(main, ["figures", "--scenario", str(TINY), "--out",
+                                    str(tmp_path / "fig"), "--results", str(tmp_path / "none"),
+                                    "--only", "validation", "--only", "perplexity",
+                                    "--only", "phases", "-q"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "note: " in res.output and "skipping predicted-vs-measured" in res.output
+    assert "skipping perplexity-vs-time" in res.output
+    assert [p.name for p in (tmp_path / "fig").iterdir()] == ["tiny2x2_phases.png"]
+    res = CliRunner().invoke(main, ["figures", "--scenario", str(tmp_path / "nope.yaml")])
+    assert res.exit_code == 2 and "error: scenario not found" in res.output
