@@ -29,7 +29,7 @@ from typing import Any
 
 import click
 
-from simfed.spec import Scenario, Span, SpecError, load_scenario, read_trace
+from simfed.spec import Scenario, Span, SpecError, algorithm_info, load_scenario, read_trace
 
 from .testbed import DEFAULT_PREFIX, TestbedError, kill_group, parse_sets, testbed_for
 
@@ -41,7 +41,12 @@ SUMMARY = "bench-summary.json"
 MAX_NPROC = 64
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
           "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
-QUICK = {"sizes": "4K,256K", "flops": "1e6,1e7", "iters": 3, "check_iters": 3}
+PARTS = ("comm", "compute", "units", "optimizer", "checks")
+DEFAULT_SIZES = "4K,64K,512K,2M"
+QUICK = {"sizes": "4K,256K", "flops": "1e6,1e7", "iters": 3, "check_iters": 3, "unit_iters": 2,
+         "opt_iters": 2}
+LATENCY_NBYTES = 4096
+MERGE_SIZES = 0.10
 
 
 class BenchError(RuntimeError):
@@ -87,14 +92,58 @@ def parse_names(text: str, valid: Sequence[str], what: str) -> str:
     return ",".join(names)
 
 
+def auto_sizes(scn: Scenario) -> list[int]:
+    """The message sizes training moves for the scenario's model (full-buffer convention): each
+    FSDP unit's bytes (all-gather output, reduce-scatter input; the all-reduce of a 1-rank
+    shard), the unit's shard for each plan that replicates (HSDP's replica all-reduce), each
+    federated plan's per-rank FedAvg buffer, and 4 KiB (the latency end); of sizes within 10% of
+    each other only the smallest."""
+    m = scn.model
+    sizes = {LATENCY_NBYTES}
+    for algo in scn.algorithms:
+        plan = algo.plan(scn.cluster)
+        for u in m.units(scn.training.seq_len):
+            sizes.add(u.nbytes)
+            if plan.replicate > 1:
+                sizes.add(-(-u.nbytes // plan.shard))
+        if algorithm_info(algo.name).federated and plan.groups > 1:
+            local = -(-m.total_params // plan.shard)
+            sizes.add(local * (2 if algo.fedavg_dtype == "bf16" else 4))
+    kept: list[int] = []
+    for n in sorted(min(max(n, 4), 1024**3) for n in sizes):
+        if not kept or n > kept[-1] * (1 + MERGE_SIZES):  # one case for sizes within 10%
+            kept.append(n)
+    return kept
+
+
+def resolve_sizes(text: str | None, scn: Scenario | None) -> list[int]:
+    """--sizes: a list, or `auto` (needs a SCENARIO); default auto with a SCENARIO."""
+    if text is None:
+        text = "auto" if scn is not None else DEFAULT_SIZES
+    if text.strip() == "auto":
+        if scn is None:
+            raise BenchError("--sizes auto: needs a SCENARIO (its model gives the sizes)")
+        return auto_sizes(scn)
+    return parse_sizes(text)
+
+
 def worker_args(out: Path, *, sizes: Sequence[int], ops: str, groups: str, iters: int,
                 flops: Sequence[float], hidden: int, ffn_hidden: int, check_iters: int,
-                timeout_s: float) -> list[str]:
-    return ["--out", str(out), "--sizes", ",".join(map(str, sizes)), "--ops", ops,
+                timeout_s: float, scenario: str | None = None, sets: Sequence[str] = (),
+                skip: Sequence[str] = (), unit_iters: int = 5, opt_iters: int = 5,
+                case_budget_s: float = 0.0) -> list[str]:
+    args = ["--out", str(out), "--sizes", ",".join(map(str, sizes)), "--ops", ops,
             "--groups", groups, "--iters", str(iters), "--flops",
             ",".join(f"{f:g}" for f in flops), "--hidden", str(hidden),
             "--ffn-hidden", str(ffn_hidden), "--check-iters", str(check_iters),
-            "--timeout-s", str(max(30.0, timeout_s))]
+            "--timeout-s", str(max(30.0, timeout_s)), "--skip", ",".join(skip),
+            "--unit-iters", str(unit_iters), "--opt-iters", str(opt_iters),
+            "--case-budget-s", f"{case_budget_s:g}"]
+    if scenario:
+        args += ["--scenario", str(Path(scenario).resolve())]
+        for item in sets:
+            args += ["--set", item]
+    return args
 
 
 def run_local(nproc: int, args: Sequence[str], log_path: Path, timeout_s: float) -> tuple[int, str]:
@@ -141,15 +190,33 @@ def bus_factor(op: str, p: int) -> float:
     return (2.0 if op == "all_reduce" else 1.0) * (p - 1) / p
 
 
+def _slowest_median(reps: dict[int, float]) -> tuple[float, float, int]:
+    """(median, min, count) over repetitions >= 0 of the slowest rank's time per repetition."""
+    vals = [v for rep, v in reps.items() if rep >= 0]
+    return statistics.median(vals), min(vals), len(vals)
+
+
 def summarize(out: str | Path) -> dict[str, Any]:
     """Medians per case from a bench folder's traces (see the module docstring)."""
     meta, spans = load_spans(Path(out))
     comm: dict[tuple, dict[tuple, float]] = defaultdict(dict)
     compute: dict[tuple, list[float]] = defaultdict(list)
     checks: dict[tuple, list[float]] = defaultdict(list)
+    units: dict[tuple, dict[int, float]] = defaultdict(dict)  # case -> rep -> slowest rank
     for s in spans:
         a = s.attrs
-        if s.cat == "comm":
+        bench = a.get("bench", "")
+        if bench:
+            if bench == "units":
+                key: tuple = (bench, a["kind"], a["unit"], a["unit_name"], s.name, a["hooks"],
+                              a["params"], a["flops"], a["tokens"], a["ranks_per_node"],
+                              a["cores"], a["concurrent"])
+            elif bench == "optimizer":
+                key = (bench, a["shard"], a["params"], a["tensors"])
+            else:
+                key = (bench, a["shard"], a["params"], a["tensors"], a["fedavg_dtype"], s.nbytes)
+            units[key][s.step] = max(units[key].get(s.step, 0.0), s.dur_s)
+        elif s.cat == "comm":
             key = (s.group, a["concurrent_groups"], s.name, s.nbytes, a["group_size"],
                    a["nodes"], a.get("impl", ""))
             rep = (a["group_index"], s.step)
@@ -185,7 +252,59 @@ def summarize(out: str | Path) -> dict[str, Any]:
         if "all_reduce_tiny_detail" in d and "all_reduce_tiny_off" in d:
             row["detail_check_s"] = d["all_reduce_tiny_detail"] - d["all_reduce_tiny_off"]
         check_rows.append(row)
-    return {"meta": meta, "comm": comm_rows, "compute": compute_rows, "checks": check_rows}
+    return {"meta": meta, "comm": comm_rows, "compute": compute_rows, "checks": check_rows,
+            **_unit_rows(units)}
+
+
+def _unit_rows(cases: dict[tuple, dict[int, float]]) -> dict[str, list[dict[str, Any]]]:
+    """The `units`, `model`, `optimizer` and `fedavg` lists of the summary."""
+    unit_rows: list[dict[str, Any]] = []
+    whole: dict[tuple[str, bool], tuple[float, int, float, int]] = {}
+    opt_rows: list[dict[str, Any]] = []
+    fed_rows: list[dict[str, Any]] = []
+    for key, reps in sorted(cases.items(), key=lambda kv: str(kv[0])):
+        if not any(rep >= 0 for rep in reps):
+            continue
+        t, t_min, n = _slowest_median(reps)
+        if key[0] == "units":
+            _, kind, unit, name, phase, hooks, params, flops, tokens, rpn, cores, conc = key
+            if kind == "model":
+                whole[(phase, hooks)] = (t, n, flops, params)
+                continue
+            unit_rows.append({"unit": unit, "name": name, "kind": kind, "phase": phase,
+                              "params": params, "flops": flops, "tokens": tokens,
+                              "time_s": t, "min_time_s": t_min, "samples": n,
+                              "gflops_per_s": flops / t / 1e9 if t > 0 else 0.0,
+                              "ranks_per_node": rpn, "cores": cores, "concurrent": conc})
+        elif key[0] == "optimizer":
+            _, shard, params, tensors = key
+            opt_rows.append({"shard": shard, "params": params, "tensors": tensors, "time_s": t,
+                             "min_time_s": t_min, "samples": n,
+                             "first_time_s": reps.get(-1)})
+        else:
+            _, shard, params, tensors, dtype, nbytes = key
+            fed_rows.append({"shard": shard, "nbytes": nbytes, "params": params,
+                             "tensors": tensors, "fedavg_dtype": dtype, "time_s": t,
+                             "min_time_s": t_min, "samples": n})
+    phase_order = {"forward": 0, "backward": 1}
+    unit_rows.sort(key=lambda r: (phase_order.get(r["phase"], 2), r["unit"]))
+    model_rows = []
+    for phase in ("forward", "backward"):
+        plain, hooked = whole.get((phase, False)), whole.get((phase, True))
+        if plain is None and hooked is None:
+            continue
+        units_sum = sum(r["time_s"] for r in unit_rows if r["phase"] == phase)
+        base = plain or hooked
+        assert base is not None
+        model_rows.append({
+            "phase": phase, "params": base[3], "flops": base[2],
+            "time_s": plain[0] if plain else None, "samples": plain[1] if plain else 0,
+            "hooked_time_s": hooked[0] if hooked else None, "units_sum_s": units_sum,
+            "units_sum_ratio": units_sum / plain[0] if plain and plain[0] > 0 else None,
+        })
+    opt_rows.sort(key=lambda r: r["shard"])
+    fed_rows.sort(key=lambda r: (r["fedavg_dtype"], r["shard"]))
+    return {"units": unit_rows, "model": model_rows, "optimizer": opt_rows, "fedavg": fed_rows}
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -220,6 +339,27 @@ def format_summary(summary: dict[str, Any]) -> str:
                 f"{r.get('detail_check_s', 0) * 1e6:>10.0f}"
                 f"{r.get('monitored_barrier_s', 0) * 1e6:>12.0f}"
                 f"{r.get('all_gather_tiny_s', 0) * 1e6:>11.0f}")
+    if summary.get("units"):
+        lines.append(f"{'unit':<8}{'phase':<10}{'params':>9}{'flops':>10}{'time_ms':>10}"
+                     f"{'GFLOP/s':>9}")
+        for r in summary["units"]:
+            lines.append(f"{r['name']:<8}{r['phase']:<10}{r['params']:>9}{r['flops']:>10.3g}"
+                         f"{r['time_s'] * 1e3:>10.3f}{r['gflops_per_s']:>9.2f}")
+        for r in summary.get("model", []):
+            plain = f"{r['time_s'] * 1e3:.1f} ms" if r["time_s"] is not None else "-"
+            lines.append(f"whole model {r['phase']}: {plain} plain, units sum "
+                         f"{r['units_sum_s'] * 1e3:.1f} ms")
+    if summary.get("optimizer"):
+        lines.append(f"{'shard':>5}{'params':>10}{'tensors':>8}{'step_ms':>9}{'first_ms':>10}")
+        for r in summary["optimizer"]:
+            first = r["first_time_s"] * 1e3 if r["first_time_s"] is not None else float("nan")
+            lines.append(f"{r['shard']:>5}{r['params']:>10}{r['tensors']:>8}"
+                         f"{r['time_s'] * 1e3:>9.3f}{first:>10.1f}")
+    if summary.get("fedavg"):
+        lines.append(f"{'shard':>5}{'dtype':>6}{'nbytes':>10}{'fedavg_local_ms':>16}")
+        for r in summary["fedavg"]:
+            lines.append(f"{r['shard']:>5}{r['fedavg_dtype']:>6}{r['nbytes']:>10}"
+                         f"{r['time_s'] * 1e3:>16.3f}")
     return "\n".join(lines)
 
 
@@ -239,18 +379,24 @@ def _scenario(path: str | None, sets: Sequence[str]) -> Scenario | None:
 
 
 def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bool,
-              sizes: str, ops: str, groups: str, iters: int, flops: str, check_iters: int,
-              timeout_s: float, prefix: str = DEFAULT_PREFIX, sets: Sequence[str] = (),
-              rate_Gbps: float | None = None) -> dict[str, Any]:
+              sizes: str | None, ops: str, groups: str, iters: int, flops: str,
+              check_iters: int, timeout_s: float, prefix: str = DEFAULT_PREFIX,
+              sets: Sequence[str] = (), rate_Gbps: float | None = None, skip: str = "",
+              unit_iters: int = 5, opt_iters: int = 5,
+              case_budget_s: float = 0.5) -> dict[str, Any]:
     """Run the bench (locally or on the testbed), summarise it; raises BenchError/TestbedError."""
-    if iters < 1:
-        raise BenchError(f"--iters: must be >= 1, got {iters}")
-    if check_iters < 0:
-        raise BenchError(f"--check-iters: must be >= 0, got {check_iters}")
+    for name, value, least in (("iters", iters, 1), ("check-iters", check_iters, 0),
+                               ("unit-iters", unit_iters, 0), ("opt-iters", opt_iters, 0)):
+        if value < least:
+            raise BenchError(f"--{name}: must be >= {least}, got {value}")
+    if case_budget_s < 0:
+        raise BenchError(f"--case-budget-s: must be >= 0, got {case_budget_s:g}")
+    skipped = parse_names(skip, PARTS, "skip").split(",") if skip.strip() else []
     scn = _scenario(scenario, sets)
     hidden, ffn = (scn.model.hidden, scn.model.ffn_hidden) if scn else (256, 1024)
     ops, groups = parse_names(ops, OPS, "ops"), parse_names(groups, GROUP_KINDS, "groups")
-    size_list, flops_list = parse_sizes(sizes), parse_flops(flops)
+    size_list = resolve_sizes(sizes, scn) if "comm" not in skipped else [LATENCY_NBYTES]
+    flops_list = parse_flops(flops) if flops.strip() else []
     if testbed and nproc is not None:
         raise BenchError("--nproc: the testbed runs node.gpus ranks per node; drop --nproc")
     if not testbed and rate_Gbps is not None:
@@ -266,7 +412,9 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
 
     args = worker_args(out.resolve(), sizes=size_list, ops=ops, groups=groups, iters=iters,
                        flops=flops_list, hidden=hidden, ffn_hidden=ffn,
-                       check_iters=check_iters, timeout_s=timeout_s)
+                       check_iters=check_iters, timeout_s=timeout_s, scenario=scenario,
+                       sets=sets, skip=skipped, unit_iters=unit_iters, opt_iters=opt_iters,
+                       case_budget_s=case_budget_s)
     t = time.monotonic()
     if testbed:
         with testbed_for(scn, prefix=prefix, rate_Gbps=rate_Gbps, source=scenario or "",
@@ -298,8 +446,9 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
 @click.option("--testbed", "use_testbed", is_flag=True,
               help="run across the testbed (the one `realrun testbed up` left, else a temporary "
               "one built from SCENARIO)")
-@click.option("--sizes", default="4K,64K,512K,2M", show_default=True,
-              help="message sizes (full buffer)")
+@click.option("--sizes", default=None,
+              help="message sizes (full buffer), or `auto`: the scenario model's unit, shard and "
+              f"FedAvg sizes and 4K  [default: auto with a SCENARIO, else {DEFAULT_SIZES}]")
 @click.option("--ops", default="all_gather,reduce_scatter,all_reduce", show_default=True)
 @click.option("--groups", default="intra,inter,world", show_default=True)
 @click.option("--iters", type=int, default=8, show_default=True)
@@ -307,6 +456,13 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
               help="forward FLOPs of the compute block ('' = skip)")
 @click.option("--check-iters", type=int, default=10, show_default=True,
               help="repetitions of the debug-check benchmark (0 = skip)")
+@click.option("--unit-iters", type=int, default=5, show_default=True,
+              help="hooked (and as many plain) iterations of the per-unit compute benchmark")
+@click.option("--opt-iters", type=int, default=5, show_default=True,
+              help="repetitions of the optimizer and FedAvg-local benchmarks")
+@click.option("--case-budget-s", type=float, default=0.5, show_default=True,
+              help="fewer repetitions (>= 3) for a collective case slower than this in all")
+@click.option("--skip", default="", help=f"parts to leave out: {','.join(PARTS)}")
 @click.option("--quick", is_flag=True, help="a few sizes and repetitions (smoke test)")
 @click.option("--timeout-s", type=float, default=300.0, show_default=True)
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, help="testbed name prefix")
@@ -316,10 +472,12 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
               help="testbed link rate per node (default: the scenario's)")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
 def bench_command(scenario: str | None, out: str, nproc: int | None, use_testbed: bool,
-                  sizes: str, ops: str, groups: str, iters: int, flops: str, check_iters: int,
-                  quick: bool, timeout_s: float, prefix: str, sets: tuple[str, ...],
+                  sizes: str | None, ops: str, groups: str, iters: int, flops: str,
+                  check_iters: int, unit_iters: int, opt_iters: int, case_budget_s: float,
+                  skip: str, quick: bool, timeout_s: float, prefix: str, sets: tuple[str, ...],
                   rate_Gbps: float | None, as_json: bool) -> None:
-    """Collective (all-gather, reduce-scatter, all-reduce), compute and debug-check benchmarks,
+    """Collective (all-gather, reduce-scatter, all-reduce), compute and debug-check benchmarks
+    and, with a SCENARIO, its model per FSDP unit, its optimizer step and FedAvg's local work,
     written as simfed traces."""
     if quick:  # smaller defaults; options given explicitly still win
         ctx = click.get_current_context()
@@ -331,11 +489,14 @@ def bench_command(scenario: str | None, out: str, nproc: int | None, use_testbed
         flops = str(QUICK["flops"]) if default("flops") else flops
         iters = int(QUICK["iters"]) if default("iters") else iters
         check_iters = int(QUICK["check_iters"]) if default("check_iters") else check_iters
+        unit_iters = int(QUICK["unit_iters"]) if default("unit_iters") else unit_iters
+        opt_iters = int(QUICK["opt_iters"]) if default("opt_iters") else opt_iters
     try:
         summary = run_bench(scenario=scenario, out=Path(out), nproc=nproc, testbed=use_testbed,
                             sizes=sizes, ops=ops, groups=groups, iters=iters, flops=flops,
                             check_iters=check_iters, timeout_s=timeout_s, prefix=prefix,
-                            sets=sets, rate_Gbps=rate_Gbps)
+                            sets=sets, rate_Gbps=rate_Gbps, skip=skip, unit_iters=unit_iters,
+                            opt_iters=opt_iters, case_budget_s=case_budget_s)
     except (BenchError, TestbedError, SpecError) as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None

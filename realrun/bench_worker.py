@@ -1,15 +1,25 @@
-"""One rank of `realrun bench`: timed collectives, a matmul block, and DETAIL debug checks.
+"""One rank of `realrun bench`: timed collectives, compute, the model's units, optimizer, checks.
 
 Run by torchrun: collectives over intra-node, inter-node and world groups, a matmul block's
-forward/backward, and the host cost of TORCH_DISTRIBUTED_DEBUG=DETAIL.
+forward/backward, the host cost of TORCH_DISTRIBUTED_DEBUG=DETAIL and, with --scenario, the
+scenario's real model per FSDP unit, its optimizer step per shard size and FedAvg's local work
+(`realrun.unitbench`).
 
-Writes `OUT/bench-rank{R}.jsonl` in the simfed trace schema (simfed.spec.trace):
+Writes `OUT/bench-rank{R}.jsonl` in the simfed trace schema (simfed.spec.trace); step = the
+repetition (-1: an optimizer's first step):
 - cat "comm", name all_gather | reduce_scatter | all_reduce, group intra | inter | world,
   nbytes = the full buffer (all-gather output, reduce-scatter input, all-reduce buffer: the
   nccl-tests convention), attrs: group_size, nodes (spanned), ranks, concurrent_groups (groups of
   that kind running the same collective at once), impl, case, rep.
 - cat "compute", name forward | backward, attrs: flops, tokens, hidden, ffn_hidden, concurrent
   (ranks computing at once).
+- cat "compute", name forward | backward, attrs bench "units": unit (ModelSpec.units index, -1 =
+  the whole model), unit_name, kind layer | root | model, phase, params, flops (simfed's
+  convention x tokens), tokens, micro_batch, seq_len, hooks (false: a plain whole-model
+  iteration), ranks_per_node, cores, concurrent, threads.
+- cat "host", name optimizer, attrs bench "optimizer": shard, params (local), tensors,
+  param_nbytes, first (the first step); name fedavg_local, nbytes = the FedAvg buffer, attrs
+  bench "fedavg": shard, params, tensors, fedavg_dtype.
 - cat "host", name all_reduce_tiny (attrs debug off | detail), monitored_barrier, all_gather_tiny,
   attrs group_size, nodes, ranks: the per-collective checks DETAIL adds are a monitored barrier
   and an all-gather of the op's fingerprint on a helper gloo group.
@@ -33,9 +43,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simfed.spec import Span, TraceWriter
+from simfed.spec import Scenario, Span, SpecError, TraceWriter, load_scenario, to_plain
 
-from .bench import GROUP_KINDS, OPS
+from .bench import GROUP_KINDS, OPS, PARTS
+from .config import parse_overrides
+from .errors import RealrunError
+from .unitbench import UnitBench, shard_sizes
 
 DEFAULT_SIZES = (4096, 65536, 524288, 2097152)
 DEFAULT_FLOPS = (1e5, 1e6, 1e7, 1e8)
@@ -67,14 +80,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-iters", type=int, default=10,
                    help="repetitions of the debug-check benchmark (0 = skip)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
+    p.add_argument("--case-budget-s", type=float, default=0.0,
+                   help="cap a collective case's repetitions at this many seconds (after the "
+                   "warm-up; at least --min-iters); 0 = always --iters")
+    p.add_argument("--min-iters", type=int, default=3)
+    p.add_argument("--scenario", default="", help="scenario YAML: model and training shapes for "
+                   "the unit, optimizer and FedAvg benchmarks")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--skip", default="", help=f"parts to skip: {', '.join(PARTS)}")
+    p.add_argument("--unit-iters", type=int, default=5,
+                   help="hooked (and as many plain) iterations of the unit benchmark")
+    p.add_argument("--opt-iters", type=int, default=5, help="repetitions of the optimizer and "
+                   "FedAvg-local benchmarks")
+    p.add_argument("--shards", default="", help="shard sizes for the optimizer benchmark "
+                   "(default: the scenario's plans and 1, 2, 4)")
     return p.parse_args(argv)
 
 
 class Bench:
     """The state of one rank: topology, trace writer, the common clock."""
 
-    def __init__(self, args: argparse.Namespace):
-        self.args = args
+    def __init__(self, args: argparse.Namespace, scenario: Scenario | None = None):
+        self.args, self.scenario = args, scenario
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
@@ -107,7 +134,17 @@ class Bench:
             "nbytes_convention": "full buffer: all_gather output, reduce_scatter input, "
                                  "all_reduce buffer",
             "overlap": "none: gloo collectives run on the CPU and block the caller",
+            "skip": sorted(x for x in self.args.skip.split(",") if x),
+            **self.scenario_meta(),
         }
+
+    def scenario_meta(self) -> dict[str, Any]:
+        sc = self.scenario
+        if sc is None:
+            return {}
+        return {"scenario": sc.name, "scenario_path": self.args.scenario,
+                "model": to_plain(sc.model), "model_params": sc.model.total_params,
+                "seq_len": sc.training.seq_len, "micro_batch": sc.training.micro_batch}
 
     def now_s(self) -> float:
         return time.time() - self.epoch_wall
@@ -118,13 +155,29 @@ class Bench:
                                dur_s=dur_s, nbytes=nbytes, group=group, stream=cat,
                                attrs=attrs or {}))
 
-    def repeat(self, active: bool, fn: Callable[[int], None]) -> None:
+    def repeat(self, active: bool, fn: Callable[[int], None], budget_s: float = 0.0) -> None:
         """warmup + iters repetitions; each starts with a world barrier; `fn(rep)` runs (and
-        records, for rep >= 0) only where `active`."""
-        for i in range(self.args.warmup + self.args.iters):
+        records, for rep >= 0) only where `active`. With `budget_s`, as many timed repetitions
+        as fit in it at the slowest rank's warm-up pace (at least --min-iters, at most --iters);
+        every rank takes the same count."""
+        a = self.args
+        slowest = 0.0
+        for i in range(a.warmup):
             dist.barrier()
             if active:
-                fn(i - self.args.warmup)
+                t = time.perf_counter()
+                fn(i - a.warmup)
+                slowest = max(slowest, time.perf_counter() - t)
+        reps = a.iters
+        if budget_s > 0 and a.warmup > 0:
+            pace = torch.tensor([slowest], dtype=torch.float64)
+            dist.all_reduce(pace, op=dist.ReduceOp.MAX)
+            fit = int(budget_s / max(float(pace.item()), 1e-9))
+            reps = max(min(a.min_iters, a.iters), min(a.iters, fit))
+        for i in range(reps):
+            dist.barrier()
+            if active:
+                fn(i)
 
     # ---- groups ---------------------------------------------------------------------------
     def group_layout(self) -> dict[str, list[list[int]]]:
@@ -185,7 +238,7 @@ class Bench:
                 self.span(op, "comm", start, dur, rep=rep, nbytes=numel * 4, group=kind,
                           attrs=attrs)
 
-        self.repeat(active, once)
+        self.repeat(active, once, self.args.case_budget_s)
 
     # ---- compute --------------------------------------------------------------------------
     def compute(self, flops_list: Sequence[float]) -> None:
@@ -273,11 +326,45 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+def load(args: argparse.Namespace) -> Scenario | None:
+    if not args.scenario:
+        return None
+    try:
+        return load_scenario(args.scenario, parse_overrides(args.overrides))
+    except (SpecError, RealrunError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def run_units(bench: Bench, scenario: Scenario, skip: set[str]) -> None:
+    """The unit, optimizer and FedAvg-local benchmarks (see `realrun.unitbench`)."""
+    a = bench.args
+
+    def emit(name: str, cat: str, start_s: float, dur_s: float, rep: int, *, nbytes: int = 0,
+             attrs: dict[str, Any] | None = None) -> None:
+        bench.case += 1
+        bench.span(name, cat, start_s, dur_s, rep=rep, nbytes=nbytes,
+                   attrs={**(attrs or {}), "case": bench.case})
+
+    ub = UnitBench(scenario, emit=emit, now=bench.now_s, barrier=dist.barrier,
+                   timeout_s=a.timeout_s, ranks_per_node=bench.ranks_per_node,
+                   world=bench.world)
+    if "units" not in skip and a.unit_iters > 0:
+        ub.units(a.unit_iters)
+    if "optimizer" not in skip and a.opt_iters > 0:
+        shards = [int(x) for x in _floats(a.shards)] or shard_sizes(scenario)
+        ub.optimizer(shards, a.opt_iters)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    skip = {x for x in args.skip.split(",") if x}
+    if skip - set(PARTS):
+        raise SystemExit(f"error: --skip: unknown {', '.join(sorted(skip - set(PARTS)))}; "
+                         f"valid: {', '.join(PARTS)}")
+    scenario = load(args)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     try:
-        bench = Bench(args)
+        bench = Bench(args, scenario)
         t = time.perf_counter()
         ops = [o for o in args.ops.split(",") if o]
         kinds = [k for k in args.groups.split(",") if k]
@@ -286,11 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"error: unknown op/group {', '.join(bad)}; valid: "
                              f"{', '.join(OPS + GROUP_KINDS)}")
         sizes = [int(s) for s in _floats(args.sizes)]
-        if ops and sizes:
+        if "comm" not in skip and ops and sizes:
             bench.comm(kinds, ops, sizes)
-        if _floats(args.flops):
+        if "compute" not in skip and _floats(args.flops):
             bench.compute(_floats(args.flops))
-        if args.check_iters > 0 and bench.world > 1:
+        if scenario is not None and not {"units", "optimizer"} <= skip:
+            run_units(bench, scenario, skip)
+        if "checks" not in skip and args.check_iters > 0 and bench.world > 1:
             bench.checks(args.check_iters)
         dist.barrier()
         bench.writer.close()
@@ -303,4 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as realrun.train: interpreter teardown after gloo shutdown can abort

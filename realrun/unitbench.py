@@ -1,0 +1,288 @@
+"""Per-FSDP-unit compute, optimizer-step and FedAvg-local benchmarks of a scenario's real model.
+
+Run on every rank at once by `realrun.bench_worker` (so the ranks of a testbed node share its
+cores as in training), with no communication: the model is wrapped as `realrun.train` wraps it
+(`realrun.sharding.shard_model`: FSDP2 per decoder block + root) but over a mesh of one rank per
+process, so FSDP2's hooks, all-gather copy-in/out and autograd overheads are in the times.
+
+Unit boundaries (CPU ops are synchronous, so perf_counter stamps are exact):
+- forward: a forward pre-hook on each block, placed before FSDP2's own (so its unshard counts),
+  and a forward hook after FSDP2's on the last block; block i runs from its pre-hook to block
+  i+1's; the root unit (embedding, final norm, head, loss) is the whole forward minus the blocks.
+- backward: gradient hooks on each block's output, placed before FSDP2's pre-backward hook (so
+  the block's unshard counts), and on block 0's input; block i runs from the gradient of its
+  output to the gradient of block i-1's output (or of block 0's input), so FSDP2's post-backward
+  of block i counts in block i; the root unit (loss, head, norm, embedding and FSDP2's
+  final callback) is the whole `loss.backward()` minus the blocks.
+Units are numbered as `ModelSpec.units`: 0 = root, 1..L = blocks, with its FLOP convention.
+Besides the hooked iterations, plain iterations (no hooks) time the whole forward and backward.
+
+Optimizer: the step as `realrun.optimizer.build_optimizer` builds it (AdamW foreach on CPU) plus
+the LR step and `zero_grad`, as training's "optimizer" phase, over parameters shaped like one
+rank's FSDP2 shard (dim-0 chunk, the largest one) for each shard size, as DTensors on a 1-rank
+mesh (so DTensor dispatch costs as in training). The first step (state allocation and cold
+caches) is recorded apart. FedAvg local work: `realrun.fedavg.FedAvg` without its all-reduce
+(flatten into the fedavg dtype, divide, copy back) over the same local shards.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from simfed.spec import Scenario
+
+from .model import TORCH_DTYPES, Llama, next_token_loss
+from .optimizer import build_optimizer
+from .sharding import shard_model
+
+# emit(name, cat, start_s, dur_s, rep, *, nbytes=0, attrs=None): write one span
+Emit = Callable[..., None]
+
+
+def singleton_mesh(timeout_s: float) -> DeviceMesh:
+    """A 1-D mesh ("shard",) holding only this rank; every rank must call it (collective)."""
+    pg, _ = dist.new_subgroups(group_size=1, timeout=timedelta(seconds=timeout_s))
+    return DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("shard",))
+
+
+def shard_sizes(scenario: Scenario) -> list[int]:
+    """Shard sizes of the scenario's plans, and 1, 2, 4 where the world allows."""
+    world = scenario.cluster.world
+    plans = {a.plan(scenario.cluster).shard for a in scenario.algorithms}
+    return sorted(plans | {s for s in (1, 2, 4) if s <= world})
+
+
+def fedavg_dtypes(scenario: Scenario) -> list[str]:
+    """The FedAvg buffer dtypes the scenario's federated algorithms use (fp32 when none)."""
+    from simfed.spec import algorithm_info
+
+    found = {a.fedavg_dtype for a in scenario.algorithms if algorithm_info(a.name).federated}
+    return sorted(found) or ["fp32"]
+
+
+@dataclass
+class Stamps:
+    """perf_counter stamps of one hooked iteration."""
+
+    pre: dict[int, float] = field(default_factory=dict)  # block forward start
+    post: dict[int, float] = field(default_factory=dict)  # block forward end (after FSDP2)
+    grad_out: dict[int, float] = field(default_factory=dict)  # block backward start
+    grad_in: dict[int, float] = field(default_factory=dict)  # block 0's backward end
+
+
+class UnitTimer:
+    """Hooks that stamp the FSDP units' boundaries while attached."""
+
+    def __init__(self, blocks: Sequence[nn.Module]):
+        self.blocks = list(blocks)
+        self.stamps = Stamps()
+        self.handles: list[Any] = []
+
+    def attach(self) -> None:
+        self.stamps = Stamps()
+        for i, block in enumerate(self.blocks):
+            self.handles += [
+                block.register_forward_pre_hook(self._pre(i), prepend=True),
+                block.register_forward_hook(self._out_grad(i), prepend=True),
+                block.register_forward_hook(self._post(i)),
+            ]
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _pre(self, i: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            self.stamps.pre[i] = time.perf_counter()
+            x = args[0]  # block 0's input: the embedding output (blocks i > 0: block i-1's)
+            if i == 0 and x.requires_grad:
+                x.register_hook(self._stamp(self.stamps.grad_in, i))
+        return hook
+
+    def _out_grad(self, i: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any, out: torch.Tensor) -> None:
+            out.register_hook(self._stamp(self.stamps.grad_out, i))
+        return hook
+
+    def _post(self, i: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any, _out: Any) -> None:
+            self.stamps.post[i] = time.perf_counter()
+        return hook
+
+    @staticmethod
+    def _stamp(where: dict[int, float], i: int) -> Callable[[torch.Tensor], None]:
+        def hook(_grad: torch.Tensor) -> None:
+            where[i] = time.perf_counter()
+        return hook
+
+    def split(self, fwd: tuple[float, float], bwd: tuple[float, float]
+              ) -> tuple[list[float], list[float]]:
+        """Per-unit forward and backward seconds [root, block 0, ..] from the stamps and the
+        whole forward (start, end) and backward (start, end)."""
+        s, n = self.stamps, len(self.blocks)
+        f = [(s.pre[i + 1] if i + 1 < n else s.post[i]) - s.pre[i] for i in range(n)]
+        # block i ends where block i-1 starts (before FSDP2's pre-backward of block i-1)
+        b = [(s.grad_out[i - 1] if i else s.grad_in[0]) - s.grad_out[i] for i in range(n)]
+        return ([fwd[1] - fwd[0] - sum(f), *f], [bwd[1] - bwd[0] - sum(b), *b])
+
+
+class UnitBench:
+    """The three benchmarks of one rank; `emit` writes a span (see `realrun.bench_worker`)."""
+
+    def __init__(self, scenario: Scenario, *, emit: Emit, now: Callable[[], float],
+                 barrier: Callable[[], None], timeout_s: float, ranks_per_node: int, world: int):
+        self.sc = scenario
+        self.emit, self.now, self.barrier = emit, now, barrier
+        self.timeout_s = timeout_s
+        self.ranks_per_node, self.world = ranks_per_node, world
+        self.cores = len(os.sched_getaffinity(0))
+        self.mesh = singleton_mesh(timeout_s)
+        self.device = torch.device("cpu")
+
+    def common(self) -> dict[str, Any]:
+        t = self.sc.training
+        return {"model": self.sc.model.name, "micro_batch": t.micro_batch, "seq_len": t.seq_len,
+                "tokens": t.micro_batch * t.seq_len, "ranks_per_node": self.ranks_per_node,
+                "cores": self.cores, "concurrent": self.world, "threads": torch.get_num_threads(),
+                "dtype": self.sc.model.dtype, "mesh": "1 rank (no communication)"}
+
+    # ---- per-unit compute ---------------------------------------------------------------
+    def units(self, iters: int, warmup: int = 2) -> None:
+        sc, t = self.sc, self.sc.training
+        torch.manual_seed(sc.seed)
+        model = Llama(sc.model, t.seq_len, self.device)
+        shard_model(model, self.mesh, sc.algorithms[0])
+        specs = sc.model.units(t.seq_len)
+        tokens = t.micro_batch * t.seq_len
+        gen = torch.Generator().manual_seed(sc.seed)
+        inputs = torch.randint(sc.model.vocab, (t.micro_batch, t.seq_len), generator=gen)
+        targets = torch.randint(sc.model.vocab, (t.micro_batch, t.seq_len), generator=gen)
+        timer = UnitTimer(model.layers)
+        common = self.common()
+
+        def once() -> tuple[tuple[float, float], tuple[float, float]]:
+            t0 = time.perf_counter()
+            loss = next_token_loss(model(inputs), targets)  # (B, T, V) -> scalar
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            return (t0, t1), (t1, t2)
+
+        for _ in range(warmup):
+            self.barrier()
+            once()
+        for it in range(2 * iters):
+            rep, hooked = it // 2, it % 2 == 0  # hooked and plain iterations alternate
+            if hooked:
+                timer.attach()
+            self.barrier()
+            start = self.now()
+            fwd, bwd = once()
+            timer.detach()
+            for phase, (a, b) in (("forward", fwd), ("backward", bwd)):
+                flops = sum((u.fwd_flops_per_token if phase == "forward" else
+                             u.bwd_flops_per_token) * tokens for u in specs)
+                self.emit(phase, "compute", start, b - a, rep, attrs={
+                    **common, "bench": "units", "unit": -1, "unit_name": "model",
+                    "kind": "model", "phase": phase, "hooks": hooked,
+                    "params": sc.model.total_params, "flops": flops})
+                start += b - a
+            if not hooked:
+                continue
+            f_units, b_units = timer.split(fwd, bwd)
+            for phase, durs in (("forward", f_units), ("backward", b_units)):
+                for u, dur in zip(specs, durs, strict=True):
+                    per_token = u.fwd_flops_per_token if phase == "forward" else \
+                        u.bwd_flops_per_token
+                    self.emit(phase, "compute", start, dur, rep, attrs={
+                        **common, "bench": "units", "unit": u.index, "unit_name": u.name,
+                        "kind": "root" if u.index == 0 else "layer", "phase": phase,
+                        "hooks": True, "params": u.params, "flops": per_token * tokens})
+
+    # ---- optimizer and FedAvg local work --------------------------------------------------
+    def shard_params(self, shard: int) -> list[nn.Parameter]:
+        """The model's parameters cut like one rank's FSDP2 shard: the first (largest) dim-0
+        chunk of each, as a DTensor on the 1-rank mesh."""
+        sc = self.sc
+        with torch.device("meta"):
+            full = Llama(sc.model, sc.training.seq_len, torch.device("meta"))
+        dtype = TORCH_DTYPES[sc.model.dtype]
+        out = []
+        for p in full.parameters():
+            rows = math.ceil(p.shape[0] / shard)
+            local = torch.randn(rows, *p.shape[1:], dtype=dtype) * 0.02
+            out.append(nn.Parameter(DTensor.from_local(local, self.mesh, [Shard(0)],
+                                                       run_check=False)))
+        return out
+
+    def optimizer(self, shards: Sequence[int], iters: int, warmup: int = 1) -> None:
+        common = self.common()
+        for shard in shards:
+            params = self.shard_params(shard)
+            holder = nn.Module()
+            holder.params = nn.ParameterList(params)
+            opt, sched = build_optimizer(holder, self.sc.training, self.device)
+            grads = [torch.randn_like(p) * 1e-3 for p in params]
+            local = sum(p.to_local().numel() for p in params)
+            attrs = {**common, "bench": "optimizer", "shard": shard, "params": local,
+                     "tensors": len(params), "optimizer": self.sc.training.optimizer,
+                     "includes": "optimizer step + LR step + zero_grad",
+                     "param_nbytes": local * params[0].dtype.itemsize}
+            for it in range(1 + warmup + iters):
+                for p, g in zip(params, grads, strict=True):
+                    p.grad = g.clone()
+                self.barrier()
+                start = self.now()
+                t = time.perf_counter()
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                dur = time.perf_counter() - t
+                rep = -1 if it == 0 else it - 1 - warmup
+                if it == 0 or rep >= 0:
+                    self.emit("optimizer", "host", start, dur, rep,
+                              attrs={**attrs, "first": it == 0})
+            self.fedavg_local(shard, [p.to_local() for p in params], iters, warmup)
+            del opt, sched, holder, params, grads
+
+    @torch.no_grad()
+    def fedavg_local(self, shard: int, shards: list[torch.Tensor], iters: int,
+                     warmup: int) -> None:
+        """FedAvg's work besides the all-reduce, as `realrun.fedavg.FedAvg.__call__` does it."""
+        common = self.common()
+        groups = 2
+        for name in fedavg_dtypes(self.sc):
+            dtype = TORCH_DTYPES[name]
+            numel = sum(t.numel() for t in shards)
+            attrs = {**common, "bench": "fedavg", "shard": shard, "params": numel,
+                     "tensors": len(shards), "fedavg_dtype": name,
+                     "includes": "flatten into the fedavg dtype, divide, copy back"}
+            for it in range(warmup + iters):
+                self.barrier()
+                start = self.now()
+                t = time.perf_counter()
+                flat = torch.cat([s.reshape(-1).to(dtype) for s in shards])  # (local numel,)
+                flat.div_(groups)
+                offset = 0
+                for s in shards:
+                    n = s.numel()
+                    s.copy_(flat[offset:offset + n].view_as(s))
+                    offset += n
+                dur = time.perf_counter() - t
+                if it >= warmup:
+                    self.emit("fedavg_local", "host", start, dur, it - warmup,
+                              nbytes=numel * dtype.itemsize, attrs=attrs)
