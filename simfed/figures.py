@@ -28,6 +28,13 @@ HEATMAP_K = "1:64:x2"
 GANTT_STEPS = 8  # K = 8 in the paper: step 8 ends with a FedAvg round
 
 
+# the columns of the sweep CSVs kept next to the figures (the full rows: simfed sweep)
+DATA_FIELDS = ("point", "params", "status", "error", "cluster", "name", "label", "plan",
+               "global_batch_sequences", "aggregate_every", "aggregations", "step_time_s",
+               "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "speedup", "phases_s",
+               "compute_s", "exposed_comm_s", "debug_checks_s", "peak_memory_bytes", "fits")
+
+
 def _axis(key: str, values: str) -> Axis:
     return Axis(keys=(key,), values=tuple((v,) for v in parse_values(values, key)))
 
@@ -47,10 +54,10 @@ class _Maker:
             self.written.append(p)
             self.echo(f"wrote {p} ({p.stat().st_size / 1024:.0f} KB)")
 
-    def data(self, rows: list[dict[str, Any]], name: str) -> None:
+    def data(self, rows: list[dict[str, Any]], name: str, drop: tuple[str, ...] = ()) -> None:
         p = self.out_dir / name
         p.parent.mkdir(parents=True, exist_ok=True)
-        slim = [{k: v for k, v in r.items() if k not in ("step_times_s", "summary")}
+        slim = [{k: v for k, v in r.items() if k in DATA_FIELDS and k not in drop}
                 for r in rows]
         p.write_text(to_csv(slim), encoding="utf-8")
         self.written.append(p)
@@ -133,17 +140,24 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
 
     if "heatmap" in todo:  # group size x K at the scenario's own size
         spec = SweepSpec(
-            scenario=str(scenario), name=f"{stem}_group_k",
-            algorithms=("fsdp", "hsdp", "fl_fsdp"),
+            scenario=str(scenario), name=f"{stem}_group_k", algorithms=("fl_fsdp",),
             axes=(_axis("algorithms.fl_fsdp.group_nodes", heatmap_groups),
                   _axis("algorithms.fl_fsdp.aggregate_every", heatmap_k)),
         )
         res = run_sweep(spec, jobs=jobs, progress=progress)
         echo(f"sweep {spec.name}: {res.meta['points']} points, {len(res.rows)} rows in "
              f"{res.wall_s:.1f} s")
-        m.data(res.rows, f"{stem}_group_k_sweep.csv")
+        # the baselines do not depend on FL+FSDP's settings: simulate them once
+        base_out, _ = simulate(load_scenario(scenario), algorithms=["fsdp", "hsdp"])
+        rows = list(res.rows)
+        for b in base_out["algorithms"]:
+            for r in res.rows:
+                if r["name"] == "fl_fsdp" and r.get("step_time_s"):
+                    rows.append({**r, "name": b["name"], "label": b["label"],
+                                 "step_time_s": b["step_time_s"]})
+        m.data(res.rows, f"{stem}_group_k_sweep.csv", drop=("speedup",))  # only fl_fsdp ran
         for base in ("fsdp", "hsdp"):
-            m.save(plot_heatmap(res.rows, x="algorithms.fl_fsdp.aggregate_every",
+            m.save(plot_heatmap(rows, x="algorithms.fl_fsdp.aggregate_every",
                                 y="algorithms.fl_fsdp.group_nodes", algorithm="fl_fsdp",
                                 baseline=base),
                    f"{stem}_fl_fsdp_speedup_over_{base}_group_size_x_k")

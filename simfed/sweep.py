@@ -775,14 +775,19 @@ def print_summary(result: SweepResult, max_rows: int = 40) -> None:
     from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:  # a pipe or a log file: do not squeeze the table into 80 columns
+        console = Console(width=160)
     algs = result.meta["algorithms"]
+    labels = {r["name"]: r["label"] for r in reversed(result.rows) if r.get("label")}
+    labels.update({r["label"]: r["label"] for r in result.rows if r.get("label")})
     keys = [k for ax in result.meta["axes"] for k in ax["keys"]]
-    t = Table(title=f"sweep {result.meta['name']}: step time (speedup vs {algs[0]})",
+    base = labels.get(algs[0], algs[0])
+    t = Table(title=f"sweep {result.meta['name']}: step time (speedup vs {base})",
               header_style="bold")
     for k in keys:
-        t.add_column(k.split(".")[-1] if len(k) > 16 else k, justify="right")
+        t.add_column(k.split(".")[-1] if len(k) > 16 else k, justify="right", no_wrap=True)
     for a in algs:
-        t.add_column(a, justify="right", no_wrap=True)
+        t.add_column(labels.get(a, a), justify="right", no_wrap=True)
     by_point: dict[int, list[dict[str, Any]]] = {}
     for r in result.rows:
         by_point.setdefault(r["point"], []).append(r)

@@ -172,4 +172,4 @@ def _label_ends(ax, ends: list[tuple[float, float, str]], logx: bool) -> None:
         ax.text(x_text, y_text, f"{y:.1f}x", va="center", ha="left", fontsize=8, color=color)
     xs = [x for _, x, _ in ends]
     lo, hi = ax.get_xlim()
-    ax.set_xlim(lo, max(hi, max(xs) * 1.35 if logx else max(xs) + 0.12 * (max(xs) - lo)))
+    ax.set_xlim(lo, max(hi, max(xs) * 1.6 if logx else max(xs) + 0.15 * (max(xs) - lo)))
