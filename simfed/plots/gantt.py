@@ -12,15 +12,22 @@ from matplotlib.patches import Patch
 from ..spec.trace import Span
 from .common import PHASE_COLORS, fmt_seconds, new_figure
 
+
+def comm_group(s: Span) -> str:
+    """The process-group kind of a comm span: simfed writes stream `shard`, realrun
+    `comm:shard`; both write group `shard`."""
+    return s.group or s.stream.removeprefix("comm:")
+
+
 # lanes top to bottom: (lane label, predicate on a span)
 LANES = (
     ("phase", lambda s: s.cat == "phase"),
     ("GPU compute", lambda s: s.cat == "compute"),
-    ("comm: shard", lambda s: s.cat == "comm" and (s.stream or s.group) == "shard"),
-    ("comm: replicate", lambda s: s.cat == "comm" and (s.stream or s.group) == "replicate"),
-    ("comm: FedAvg", lambda s: s.cat == "comm" and (s.stream or s.group) == "fed"),
+    ("comm: shard", lambda s: s.cat == "comm" and comm_group(s) == "shard"),
+    ("comm: replicate", lambda s: s.cat == "comm" and comm_group(s) == "replicate"),
+    ("comm: FedAvg", lambda s: s.cat == "comm" and comm_group(s) == "fed"),
     ("comm: other", lambda s: s.cat == "comm"
-     and (s.stream or s.group) not in ("shard", "replicate", "fed")),
+     and comm_group(s) not in ("shard", "replicate", "fed")),
     ("host", lambda s: s.cat == "host"),
 )
 
@@ -49,7 +56,7 @@ def span_kind(s: Span) -> str:
                 return k
         return "optimizer" if "optim" in name else "backward"
     if s.cat == "comm":
-        if (s.stream or s.group) == "fed" or "fedavg" in name:
+        if comm_group(s) == "fed" or "fedavg" in name:
             return "fed all_reduce"
         for k in ("all_gather", "reduce_scatter", "all_reduce"):
             if name.startswith(k):
@@ -65,11 +72,14 @@ def _color(kind: str) -> str:
 
 
 def pick_step(spans: Sequence[Span], step: int | None) -> int:
+    """`step`, checked; by default the last training step (one with a `step` span: realrun
+    also traces set-up at step -1 and evaluation after the last step)."""
     steps = sorted({s.step for s in spans if s.step >= 0})
     if not steps:
         raise ValueError("no spans with a step number")
     if step is None:
-        return steps[-1]
+        framed = sorted({s.step for s in spans if s.cat == "step" and s.step >= 0})
+        return (framed or steps)[-1]
     if step not in steps:
         raise ValueError(f"step {step} not traced; traced steps: {steps[0]}..{steps[-1]}")
     return step
@@ -154,7 +164,7 @@ def plot_gantt(spans_by_label: Mapping[str, Sequence[Span]], *, step: int | None
     order = ["forward", "backward", "optimizer", "aggregation", "other", "fedavg", "all_gather",
              "reduce_scatter", "all_reduce", "fed all_reduce", "debug check", "host other"]
     names = {"fedavg": "FedAvg divide", "fed all_reduce": "FedAvg all_reduce",
-             "host other": "host (step overhead)", "all_reduce": "all_reduce (replicas)"}
+             "host other": "other host work", "all_reduce": "all_reduce (replicas)"}
     handles = [Patch(color=_color(k), label=names.get(k, k)) for k in order if k in kinds_seen]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)),
                fontsize=8, frameon=False)

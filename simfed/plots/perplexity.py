@@ -72,7 +72,7 @@ def plot_perplexity(summaries: Sequence[Mapping[str, Any]], *, title: str | None
             if isinstance(ev0, (int, float)) and math.isfinite(ev0):
                 xs, ys = [0.0, *xs], [float(ev0), *ys]
             ax.plot(xs, ys, color=color, linestyle=":", marker=algorithm_marker(name),
-                    markersize=7, label=f"{label}: eval ({float(ev):.3g} at {t[-1]:.0f} s)")
+                    markersize=7, label=f"{label}: eval ({float(ev):.3g} at {t[-1]:.3g} s)")
         if isinstance(s.get("floor_perplexity"), (int, float)):
             floors.add(float(s["floor_perplexity"]))
     for f in sorted(floors):

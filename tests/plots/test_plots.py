@@ -249,3 +249,22 @@ def test_plot_command_from_sweep_files(tmp_path):
     res = runner.invoke(main, ["plot", "heatmap", str(tmp_path / "tiny2x2.json"),
                                "--algorithm", "nope"])
     assert res.exit_code == 2 and "no rows for algorithm 'nope'" in res.output
+
+
+def test_gantt_of_realrun_traces():
+    """realrun writes streams `comm:shard`, set-up at step -1 and evaluation after the last
+    step: the default step is the last one with a step span."""
+    from simfed.spec import Span
+
+    spans = [Span("setup", "host", 0, -1, 0.0, 0.1, stream="host"),
+             Span("step", "step", 0, 0, 0.1, 1.0, stream="step"),
+             Span("forward", "phase", 0, 0, 0.1, 0.4, stream="phase"),
+             Span("backward", "phase", 0, 0, 0.5, 0.6, stream="phase"),
+             Span("all_gather", "comm", 0, 0, 0.1, 0.1, group="shard", stream="comm:shard"),
+             Span("all_reduce", "comm", 0, 0, 1.0, 0.1, group="fed", stream="comm:fed"),
+             Span("eval", "host", 0, 1, 1.2, 0.5, stream="host")]
+    fig = plot_gantt({"FL+FSDP": spans})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["comm: FedAvg", "comm: shard",
+                                                           "phase"]
+    assert ax.get_title(loc="left") == "FL+FSDP: step 1 of rank 0 takes 1.00 s"
