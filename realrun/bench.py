@@ -1,16 +1,47 @@
-"""Micro-benchmarks of collectives, compute and debug checks (`realrun bench`), as simfed traces.
+"""Micro-benchmarks of collectives, compute, the model's units and debug checks (`realrun bench`).
 
-Runs on loopback or across the testbed; writes one trace per rank plus a summary of bandwidths
-and costs.
+Runs on loopback or across the testbed; writes one trace per rank (simfed's schema) plus a
+summary of bandwidths and costs.
 
     realrun bench --nproc 4 --out DIR                        # gloo over loopback, one host
     realrun bench scenarios/testbed.yaml --testbed --out DIR # across the testbed's namespaces
+    realrun bench SCENARIO --testbed --skip comm,checks      # parts: comm, compute, units,
+                                                             # optimizer, checks
 
-Each rank runs `realrun.bench_worker` (see it for the trace content). The summary
-(`DIR/bench-summary.json`) takes, for each repetition of a collective, the slowest rank of the
-group (the collective ends when its last rank does), then the median over repetitions and over
-concurrent groups; algbw = nbytes / time, busbw = algbw x (p-1)/p (all-gather, reduce-scatter) or
-2(p-1)/p (all-reduce), the nccl-tests convention.
+Each rank runs `realrun.bench_worker` (see it for the trace content; `realrun.unitbench` for the
+unit, optimizer and FedAvg-local benchmarks). With a SCENARIO, `--sizes` defaults to `auto`: the
+message sizes the scenario's training moves (`auto_sizes`).
+
+The summary, `DIR/bench-summary.json`, is one JSON object. Every time is, per repetition, the
+slowest rank (a collective ends when its last rank does; ranks run the compute benchmarks in
+lockstep), then the median over repetitions (and over concurrent groups); min_time_s is the
+fastest repetition, samples the number of repetitions. Times in seconds, sizes in bytes.
+- meta: rank 0's trace header (world_size, nodes, ranks_per_node, cores, host_cores, network,
+  link_rate_Gbps, impl, scenario, model, seq_len, micro_batch, ...) and bench_wall_s.
+- comm: [{op, group (intra | inter | world), group_size, nodes, concurrent_groups, nbytes (full
+  buffer: all-gather output, reduce-scatter input, all-reduce buffer), impl (gloo_allgather |
+  gloo_allreduce), time_s, min_time_s, samples, algbw_Gbps, busbw_Gbps}]; algbw = nbytes / time,
+  busbw = algbw x (p-1)/p (all-gather, reduce-scatter) or 2(p-1)/p (all-reduce), the nccl-tests
+  convention.
+- compute: [{phase, concurrent, flops, hidden, ffn_hidden, time_s, gflops_per_s, samples}]: a
+  plain matmul block (not the model).
+- checks: [{group_size, nodes, all_reduce_tiny_off_s, all_reduce_tiny_detail_s, detail_check_s,
+  monitored_barrier_s, all_gather_tiny_s}]: host costs of TORCH_DISTRIBUTED_DEBUG=DETAIL.
+- units: [{unit (ModelSpec.units index: 0 = root, 1.. = decoder layers), name, kind (root |
+  layer), phase (forward | backward), params, flops (ModelSpec.units FLOPs x tokens), tokens
+  (micro_batch x seq_len), time_s (wall), min_time_s, cpu_time_s (process CPU time), samples,
+  gflops_per_s (flops / time_s), ranks_per_node, cores (per rank), concurrent (ranks computing
+  at once)}]: the scenario's model as training wraps it, on a 1-rank mesh (no communication);
+  the root unit is embedding + final norm + head + loss (+ FSDP2's final backward callback).
+- model: [{phase, params, flops, time_s (plain whole-model pass, no hooks), samples,
+  cpu_time_s, hooked_time_s (whole pass with the unit hooks), units_sum_s (sum of the units'
+  time_s), units_sum_ratio (units_sum_s / time_s)}].
+- optimizer: [{shard, params (one rank's local), tensors, time_s, min_time_s, cpu_time_s,
+  samples, first_time_s (the first step: state allocation and DTensor's cold caches)}]: the
+  optimizer step + LR step + zero_grad, as training's "optimizer" phase.
+- fedavg: [{shard, nbytes (the FedAvg buffer), params, tensors, fedavg_dtype, time_s,
+  min_time_s, cpu_time_s, samples}]: FedAvg's local work besides its all-reduce (flatten,
+  divide, copy back).
 """
 
 from __future__ import annotations
@@ -203,6 +234,7 @@ def summarize(out: str | Path) -> dict[str, Any]:
     compute: dict[tuple, list[float]] = defaultdict(list)
     checks: dict[tuple, list[float]] = defaultdict(list)
     units: dict[tuple, dict[int, float]] = defaultdict(dict)  # case -> rep -> slowest rank
+    cpu: dict[tuple, dict[int, float]] = defaultdict(dict)  # the same for CPU seconds
     for s in spans:
         a = s.attrs
         bench = a.get("bench", "")
@@ -216,6 +248,7 @@ def summarize(out: str | Path) -> dict[str, Any]:
             else:
                 key = (bench, a["shard"], a["params"], a["tensors"], a["fedavg_dtype"], s.nbytes)
             units[key][s.step] = max(units[key].get(s.step, 0.0), s.dur_s)
+            cpu[key][s.step] = max(cpu[key].get(s.step, 0.0), float(a.get("cpu_s", 0.0)))
         elif s.cat == "comm":
             key = (s.group, a["concurrent_groups"], s.name, s.nbytes, a["group_size"],
                    a["nodes"], a.get("impl", ""))
@@ -253,39 +286,41 @@ def summarize(out: str | Path) -> dict[str, Any]:
             row["detail_check_s"] = d["all_reduce_tiny_detail"] - d["all_reduce_tiny_off"]
         check_rows.append(row)
     return {"meta": meta, "comm": comm_rows, "compute": compute_rows, "checks": check_rows,
-            **_unit_rows(units)}
+            **_unit_rows(units, cpu)}
 
 
-def _unit_rows(cases: dict[tuple, dict[int, float]]) -> dict[str, list[dict[str, Any]]]:
+def _unit_rows(cases: dict[tuple, dict[int, float]], cpu_cases: dict[tuple, dict[int, float]]
+               ) -> dict[str, list[dict[str, Any]]]:
     """The `units`, `model`, `optimizer` and `fedavg` lists of the summary."""
     unit_rows: list[dict[str, Any]] = []
-    whole: dict[tuple[str, bool], tuple[float, int, float, int]] = {}
+    whole: dict[tuple[str, bool], tuple[float, int, float, int, float]] = {}
     opt_rows: list[dict[str, Any]] = []
     fed_rows: list[dict[str, Any]] = []
     for key, reps in sorted(cases.items(), key=lambda kv: str(kv[0])):
         if not any(rep >= 0 for rep in reps):
             continue
         t, t_min, n = _slowest_median(reps)
+        cpu = _slowest_median(cpu_cases[key])[0]
         if key[0] == "units":
             _, kind, unit, name, phase, hooks, params, flops, tokens, rpn, cores, conc = key
             if kind == "model":
-                whole[(phase, hooks)] = (t, n, flops, params)
+                whole[(phase, hooks)] = (t, n, flops, params, cpu)
                 continue
             unit_rows.append({"unit": unit, "name": name, "kind": kind, "phase": phase,
                               "params": params, "flops": flops, "tokens": tokens,
-                              "time_s": t, "min_time_s": t_min, "samples": n,
-                              "gflops_per_s": flops / t / 1e9 if t > 0 else 0.0,
+                              "time_s": t, "min_time_s": t_min, "cpu_time_s": cpu,
+                              "samples": n, "gflops_per_s": flops / t / 1e9 if t > 0 else 0.0,
                               "ranks_per_node": rpn, "cores": cores, "concurrent": conc})
         elif key[0] == "optimizer":
             _, shard, params, tensors = key
             opt_rows.append({"shard": shard, "params": params, "tensors": tensors, "time_s": t,
-                             "min_time_s": t_min, "samples": n,
+                             "min_time_s": t_min, "cpu_time_s": cpu, "samples": n,
                              "first_time_s": reps.get(-1)})
         else:
             _, shard, params, tensors, dtype, nbytes = key
             fed_rows.append({"shard": shard, "nbytes": nbytes, "params": params,
                              "tensors": tensors, "fedavg_dtype": dtype, "time_s": t,
-                             "min_time_s": t_min, "samples": n})
+                             "min_time_s": t_min, "cpu_time_s": cpu, "samples": n})
     phase_order = {"forward": 0, "backward": 1}
     unit_rows.sort(key=lambda r: (phase_order.get(r["phase"], 2), r["unit"]))
     model_rows = []
@@ -299,6 +334,7 @@ def _unit_rows(cases: dict[tuple, dict[int, float]]) -> dict[str, list[dict[str,
         model_rows.append({
             "phase": phase, "params": base[3], "flops": base[2],
             "time_s": plain[0] if plain else None, "samples": plain[1] if plain else 0,
+            "cpu_time_s": plain[4] if plain else None,
             "hooked_time_s": hooked[0] if hooked else None, "units_sum_s": units_sum,
             "units_sum_ratio": units_sum / plain[0] if plain and plain[0] > 0 else None,
         })
@@ -341,20 +377,23 @@ def format_summary(summary: dict[str, Any]) -> str:
                 f"{r.get('all_gather_tiny_s', 0) * 1e6:>11.0f}")
     if summary.get("units"):
         lines.append(f"{'unit':<8}{'phase':<10}{'params':>9}{'flops':>10}{'time_ms':>10}"
-                     f"{'GFLOP/s':>9}")
+                     f"{'cpu_ms':>9}{'GFLOP/s':>9}")
         for r in summary["units"]:
             lines.append(f"{r['name']:<8}{r['phase']:<10}{r['params']:>9}{r['flops']:>10.3g}"
-                         f"{r['time_s'] * 1e3:>10.3f}{r['gflops_per_s']:>9.2f}")
+                         f"{r['time_s'] * 1e3:>10.3f}{r['cpu_time_s'] * 1e3:>9.3f}"
+                         f"{r['gflops_per_s']:>9.2f}")
         for r in summary.get("model", []):
             plain = f"{r['time_s'] * 1e3:.1f} ms" if r["time_s"] is not None else "-"
             lines.append(f"whole model {r['phase']}: {plain} plain, units sum "
-                         f"{r['units_sum_s'] * 1e3:.1f} ms")
+                         f"{r['units_sum_s'] * 1e3:.1f} ms, hooked "
+                         f"{(r['hooked_time_s'] or 0) * 1e3:.1f} ms")
     if summary.get("optimizer"):
-        lines.append(f"{'shard':>5}{'params':>10}{'tensors':>8}{'step_ms':>9}{'first_ms':>10}")
+        lines.append(f"{'shard':>5}{'params':>10}{'tensors':>8}{'step_ms':>9}{'cpu_ms':>9}"
+                     f"{'first_ms':>10}")
         for r in summary["optimizer"]:
             first = r["first_time_s"] * 1e3 if r["first_time_s"] is not None else float("nan")
             lines.append(f"{r['shard']:>5}{r['params']:>10}{r['tensors']:>8}"
-                         f"{r['time_s'] * 1e3:>9.3f}{first:>10.1f}")
+                         f"{r['time_s'] * 1e3:>9.3f}{r['cpu_time_s'] * 1e3:>9.3f}{first:>10.1f}")
     if summary.get("fedavg"):
         lines.append(f"{'shard':>5}{'dtype':>6}{'nbytes':>10}{'fedavg_local_ms':>16}")
         for r in summary["fedavg"]:

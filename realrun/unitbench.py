@@ -5,7 +5,9 @@ cores as in training), with no communication: the model is wrapped as `realrun.t
 (`realrun.sharding.shard_model`: FSDP2 per decoder block + root) but over a mesh of one rank per
 process, so FSDP2's hooks, all-gather copy-in/out and autograd overheads are in the times.
 
-Unit boundaries (CPU ops are synchronous, so perf_counter stamps are exact):
+Every time is wall (perf_counter) and CPU time of the process (process_time, attrs cpu_s): when a
+node's ranks share its cores, wall is about CPU x ranks per core, which a simulator can model.
+Unit boundaries (CPU ops are synchronous, so the stamps are exact):
 - forward: a forward pre-hook on each block, placed before FSDP2's own (so its unshard counts),
   and a forward hook after FSDP2's on the last block; block i runs from its pre-hook to block
   i+1's; the root unit (embedding, final norm, head, loss) is the whole forward minus the blocks.
@@ -41,7 +43,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from simfed.spec import Scenario
+from simfed.spec import Scenario, UnitSpec
 
 from .model import TORCH_DTYPES, Llama, next_token_loss
 from .optimizer import build_optimizer
@@ -72,14 +74,25 @@ def fedavg_dtypes(scenario: Scenario) -> list[str]:
     return sorted(found) or ["fp32"]
 
 
+Clock = tuple[float, float]  # (wall, CPU) seconds: perf_counter, process_time
+
+
+def clock() -> Clock:
+    return time.perf_counter(), time.process_time()
+
+
+def elapsed(a: Clock, b: Clock) -> Clock:
+    return b[0] - a[0], b[1] - a[1]
+
+
 @dataclass
 class Stamps:
-    """perf_counter stamps of one hooked iteration."""
+    """Clock stamps of one hooked iteration."""
 
-    pre: dict[int, float] = field(default_factory=dict)  # block forward start
-    post: dict[int, float] = field(default_factory=dict)  # block forward end (after FSDP2)
-    grad_out: dict[int, float] = field(default_factory=dict)  # block backward start
-    grad_in: dict[int, float] = field(default_factory=dict)  # block 0's backward end
+    pre: dict[int, Clock] = field(default_factory=dict)  # block forward start
+    post: dict[int, Clock] = field(default_factory=dict)  # block forward end (after FSDP2)
+    grad_out: dict[int, Clock] = field(default_factory=dict)  # block backward start
+    grad_in: dict[int, Clock] = field(default_factory=dict)  # block 0's backward end
 
 
 class UnitTimer:
@@ -106,7 +119,7 @@ class UnitTimer:
 
     def _pre(self, i: int) -> Callable[..., None]:
         def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            self.stamps.pre[i] = time.perf_counter()
+            self.stamps.pre[i] = clock()
             x = args[0]  # block 0's input: the embedding output (blocks i > 0: block i-1's)
             if i == 0 and x.requires_grad:
                 x.register_hook(self._stamp(self.stamps.grad_in, i))
@@ -119,24 +132,31 @@ class UnitTimer:
 
     def _post(self, i: int) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: Any, _out: Any) -> None:
-            self.stamps.post[i] = time.perf_counter()
+            self.stamps.post[i] = clock()
         return hook
 
     @staticmethod
-    def _stamp(where: dict[int, float], i: int) -> Callable[[torch.Tensor], None]:
+    def _stamp(where: dict[int, Clock], i: int) -> Callable[[torch.Tensor], None]:
         def hook(_grad: torch.Tensor) -> None:
-            where[i] = time.perf_counter()
+            where[i] = clock()
         return hook
 
-    def split(self, fwd: tuple[float, float], bwd: tuple[float, float]
-              ) -> tuple[list[float], list[float]]:
-        """Per-unit forward and backward seconds [root, block 0, ..] from the stamps and the
-        whole forward (start, end) and backward (start, end)."""
+    def split(self, fwd: tuple[Clock, Clock], bwd: tuple[Clock, Clock]
+              ) -> dict[str, list[tuple[float, Clock]]]:
+        """{phase: [(start wall, (wall, CPU) seconds) of the root, block 0, ..]} from the stamps
+        and the whole forward and backward (start, end)."""
         s, n = self.stamps, len(self.blocks)
-        f = [(s.pre[i + 1] if i + 1 < n else s.post[i]) - s.pre[i] for i in range(n)]
-        # block i ends where block i-1 starts (before FSDP2's pre-backward of block i-1)
-        b = [(s.grad_out[i - 1] if i else s.grad_in[0]) - s.grad_out[i] for i in range(n)]
-        return ([fwd[1] - fwd[0] - sum(f), *f], [bwd[1] - bwd[0] - sum(b), *b])
+        # forward: block i ends where block i+1 starts; backward: block i ends where block i-1
+        # starts (before FSDP2's pre-backward of block i-1), block 0 at its input's gradient
+        f = [(s.pre[i], s.pre[i + 1] if i + 1 < n else s.post[i]) for i in range(n)]
+        b = [(s.grad_out[i], s.grad_out[i - 1] if i else s.grad_in[0]) for i in range(n)]
+        out: dict[str, list[tuple[float, Clock]]] = {}
+        for phase, whole, blocks in (("forward", fwd, f), ("backward", bwd, b)):
+            spans = [(start[0], elapsed(start, end)) for start, end in blocks]
+            total = elapsed(*whole)
+            root = (total[0] - sum(d[0] for _, d in spans), total[1] - sum(d[1] for _, d in spans))
+            out[phase] = [(whole[0][0], root), *spans]
+        return out
 
 
 class UnitBench:
@@ -173,14 +193,18 @@ class UnitBench:
         timer = UnitTimer(model.layers)
         common = self.common()
 
-        def once() -> tuple[tuple[float, float], tuple[float, float]]:
-            t0 = time.perf_counter()
+        def once() -> tuple[tuple[Clock, Clock], tuple[Clock, Clock]]:
+            t0 = clock()
             loss = next_token_loss(model(inputs), targets)  # (B, T, V) -> scalar
-            t1 = time.perf_counter()
+            t1 = clock()
             loss.backward()
-            t2 = time.perf_counter()
+            t2 = clock()
             model.zero_grad(set_to_none=True)
             return (t0, t1), (t1, t2)
+
+        def flops(u: UnitSpec, phase: str) -> float:
+            per_token = u.fwd_flops_per_token if phase == "forward" else u.bwd_flops_per_token
+            return per_token * tokens
 
         for _ in range(warmup):
             self.barrier()
@@ -190,28 +214,25 @@ class UnitBench:
             if hooked:
                 timer.attach()
             self.barrier()
-            start = self.now()
+            offset = self.now() - time.perf_counter()  # perf_counter -> the trace's clock
             fwd, bwd = once()
             timer.detach()
             for phase, (a, b) in (("forward", fwd), ("backward", bwd)):
-                flops = sum((u.fwd_flops_per_token if phase == "forward" else
-                             u.bwd_flops_per_token) * tokens for u in specs)
-                self.emit(phase, "compute", start, b - a, rep, attrs={
+                wall, cpu = elapsed(a, b)
+                self.emit(phase, "compute", a[0] + offset, wall, rep, attrs={
                     **common, "bench": "units", "unit": -1, "unit_name": "model",
-                    "kind": "model", "phase": phase, "hooks": hooked,
-                    "params": sc.model.total_params, "flops": flops})
-                start += b - a
+                    "kind": "model", "phase": phase, "hooks": hooked, "cpu_s": cpu,
+                    "params": sc.model.total_params,
+                    "flops": sum(flops(u, phase) for u in specs)})
             if not hooked:
                 continue
-            f_units, b_units = timer.split(fwd, bwd)
-            for phase, durs in (("forward", f_units), ("backward", b_units)):
-                for u, dur in zip(specs, durs, strict=True):
-                    per_token = u.fwd_flops_per_token if phase == "forward" else \
-                        u.bwd_flops_per_token
-                    self.emit(phase, "compute", start, dur, rep, attrs={
+            for phase, parts in timer.split(fwd, bwd).items():
+                for u, (start, (wall, cpu)) in zip(specs, parts, strict=True):
+                    self.emit(phase, "compute", start + offset, wall, rep, attrs={
                         **common, "bench": "units", "unit": u.index, "unit_name": u.name,
                         "kind": "root" if u.index == 0 else "layer", "phase": phase,
-                        "hooks": True, "params": u.params, "flops": per_token * tokens})
+                        "hooks": True, "cpu_s": cpu, "params": u.params,
+                        "flops": flops(u, phase)})
 
     # ---- optimizer and FedAvg local work --------------------------------------------------
     def shard_params(self, shard: int) -> list[nn.Parameter]:
@@ -246,16 +267,15 @@ class UnitBench:
                 for p, g in zip(params, grads, strict=True):
                     p.grad = g.clone()
                 self.barrier()
-                start = self.now()
-                t = time.perf_counter()
+                start, t = self.now(), clock()
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
-                dur = time.perf_counter() - t
+                dur, cpu = elapsed(t, clock())
                 rep = -1 if it == 0 else it - 1 - warmup
                 if it == 0 or rep >= 0:
                     self.emit("optimizer", "host", start, dur, rep,
-                              attrs={**attrs, "first": it == 0})
+                              attrs={**attrs, "first": it == 0, "cpu_s": cpu})
             self.fedavg_local(shard, [p.to_local() for p in params], iters, warmup)
             del opt, sched, holder, params, grads
 
@@ -273,8 +293,7 @@ class UnitBench:
                      "includes": "flatten into the fedavg dtype, divide, copy back"}
             for it in range(warmup + iters):
                 self.barrier()
-                start = self.now()
-                t = time.perf_counter()
+                start, t = self.now(), clock()
                 flat = torch.cat([s.reshape(-1).to(dtype) for s in shards])  # (local numel,)
                 flat.div_(groups)
                 offset = 0
@@ -282,7 +301,7 @@ class UnitBench:
                     n = s.numel()
                     s.copy_(flat[offset:offset + n].view_as(s))
                     offset += n
-                dur = time.perf_counter() - t
+                dur, cpu = elapsed(t, clock())
                 if it >= warmup:
                     self.emit("fedavg_local", "host", start, dur, it - warmup,
-                              nbytes=numel * dtype.itemsize, attrs=attrs)
+                              nbytes=numel * dtype.itemsize, attrs={**attrs, "cpu_s": cpu})

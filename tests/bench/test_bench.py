@@ -1,8 +1,9 @@
-"""realrun bench: argument parsing, the summary's arithmetic on a hand-made trace, one-line errors,
-and a real 2-process run on loopback whose traces must hold every case in the simfed schema."""
+"""realrun bench: argument parsing, the summary's arithmetic on hand-made traces, one-line errors,
+auto sizes, and real 2-process runs on loopback (collectives, the model's units, the optimizer)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 
 from realrun import bench
 from realrun.bench import BenchError, bench_command, parse_nbytes, summarize
-from simfed.spec import Span, read_trace, write_trace
+from simfed.spec import Span, load_scenario, read_trace, write_trace
 
 
 def test_parse_sizes():
@@ -93,9 +94,9 @@ def test_bad_input_is_one_line_and_runs_nothing(tmp_path, args, expected):
 @pytest.mark.slow
 def test_loopback_bench_writes_every_case(tmp_path):
     out = tmp_path / "bench"
-    sizes = [4096, 1 << 20]
+    sizes = [4096, 8 << 20]  # far apart: small messages on a busy host vary by milliseconds
     result = CliRunner().invoke(bench_command, [
-        "--nproc", "2", "--out", str(out), "--sizes", "4K,1M", "--iters", "3",
+        "--nproc", "2", "--out", str(out), "--sizes", "4K,8M", "--iters", "3",
         "--flops", "1e5,1e7", "--check-iters", "2", "--timeout-s", "120"])
     assert result.exit_code == 0, result.output + (out / "launch.log").read_text()[-3000:]
     spans_of: dict[int, list[Span]] = {}
@@ -137,6 +138,112 @@ def test_loopback_bench_writes_every_case(tmp_path):
     # the summary: a bigger message takes longer (fastest repetition vs fastest)
     summary = json.loads((out / "bench-summary.json").read_text())
     ar = {r["nbytes"]: r for r in summary["comm"] if r["op"] == "all_reduce"}
-    assert ar[1 << 20]["min_time_s"] > ar[4096]["min_time_s"]
+    assert ar[8 << 20]["min_time_s"] > ar[4096]["min_time_s"]
     assert summary["checks"][0]["group_size"] == 2
     assert "all_reduce" in result.output and "GFLOP/s" in result.output
+
+
+def test_auto_sizes_are_the_models_unit_shard_and_fedavg_sizes():
+    scn = load_scenario("scenarios/testbed-validate.yaml")
+    sizes = bench.auto_sizes(scn)
+    root, layer = (u.nbytes for u in scn.model.units(scn.training.seq_len)[:2])
+    assert sizes[0] == bench.LATENCY_NBYTES and sizes == sorted(set(sizes))
+    assert {root, layer, root // 2, layer // 2} <= set(sizes)  # units; HSDP shard 2's all-reduce
+    assert scn.model.total_params * 2 in sizes  # fl_hsdp (shard 1): the bf16 FedAvg buffer
+    # fl_fsdp's buffer (half the model in bf16) is within 10% of a layer: one case for both
+    assert scn.model.total_params not in sizes
+    assert all(b > a * 1.1 for a, b in itertools.pairwise(sizes))
+    assert bench.resolve_sizes(None, scn) == sizes
+    assert bench.resolve_sizes(None, None) == bench.parse_sizes(bench.DEFAULT_SIZES)
+    with pytest.raises(BenchError, match="needs a SCENARIO"):
+        bench.resolve_sizes("auto", None)
+
+
+def _unit(rank: int, rep: int, unit: int, phase: str, dur_s: float, **extra) -> Span:
+    kind = "model" if unit < 0 else "root" if unit == 0 else "layer"
+    attrs = {"bench": "units", "unit": unit, "unit_name": f"u{unit}", "kind": kind,
+             "phase": phase, "hooks": extra.pop("hooks", True), "params": 10, "flops": 1e9,
+             "tokens": 8, "ranks_per_node": 2, "cores": 1, "concurrent": 2,
+             "cpu_s": dur_s / 2}
+    return Span(name=phase, cat="compute", rank=rank, step=rep, start_s=0.0, dur_s=dur_s,
+                attrs=attrs)
+
+
+def test_summary_of_units_optimizer_and_fedavg(tmp_path):
+    meta = {"world_size": 2, "nodes": 1, "network": "loopback", "host_cores": 2}
+    spans = {0: [], 1: []}
+    for rep, (a, b) in enumerate([(1.0, 3.0), (2.0, 2.0), (10.0, 1.0)]):  # slowest: 3, 2, 10
+        for rank, d in ((0, a), (1, b)):
+            spans[rank] += [_unit(rank, rep, 0, "forward", d * 1e-3),
+                            _unit(rank, rep, 1, "forward", 2 * d * 1e-3),
+                            _unit(rank, rep, -1, "forward", 2.5 * d * 1e-3, hooks=False)]
+            opt = {"bench": "optimizer", "shard": 2, "params": 100, "tensors": 3, "cpu_s": d}
+            spans[rank].append(Span(name="optimizer", cat="host", rank=rank, step=rep,
+                                    start_s=0, dur_s=d, attrs=opt))
+            fed = {"bench": "fedavg", "shard": 2, "params": 100, "tensors": 3,
+                   "fedavg_dtype": "bf16"}
+            spans[rank].append(Span(name="fedavg_local", cat="host", rank=rank, step=rep,
+                                     start_s=0, dur_s=d, nbytes=200, attrs=fed))
+    spans[0].append(Span(name="optimizer", cat="host", rank=0, step=-1, start_s=0, dur_s=7.0,
+                         attrs={"bench": "optimizer", "shard": 2, "params": 100, "tensors": 3,
+                                "first": True}))
+    for rank in (0, 1):
+        write_trace(tmp_path / f"bench-rank{rank}.jsonl", meta, spans[rank])
+    s = summarize(tmp_path)
+    root, layer = s["units"]
+    assert (root["unit"], root["kind"], layer["kind"]) == (0, "root", "layer")
+    assert root["time_s"] == pytest.approx(3e-3) and layer["time_s"] == pytest.approx(6e-3)
+    assert root["cpu_time_s"] == pytest.approx(1.5e-3) and root["samples"] == 3
+    assert root["gflops_per_s"] == pytest.approx(1e9 / 3e-3 / 1e9)
+    (whole,) = s["model"]
+    assert whole["time_s"] == pytest.approx(7.5e-3) and whole["hooked_time_s"] is None
+    assert whole["units_sum_s"] == pytest.approx(9e-3)
+    assert whole["units_sum_ratio"] == pytest.approx(9 / 7.5)
+    (opt,) = s["optimizer"]
+    assert (opt["shard"], opt["params"], opt["tensors"]) == (2, 100, 3)
+    assert opt["time_s"] == pytest.approx(3.0) and opt["samples"] == 3
+    assert opt["first_time_s"] == pytest.approx(7.0)
+    (fed,) = s["fedavg"]
+    assert fed["nbytes"] == 200 and fed["time_s"] == pytest.approx(3.0)
+    assert fed["fedavg_dtype"] == "bf16"
+    assert not s["checks"] and not s["compute"]  # bench spans are not mistaken for those
+    text = bench.format_summary(s)
+    assert "units sum" in text and "first_ms" in text
+
+
+@pytest.mark.slow
+def test_unit_and_optimizer_bench_of_the_tiny_model(tmp_path):
+    out = tmp_path / "units"
+    result = CliRunner().invoke(bench_command, [
+        "scenarios/testbed.yaml", "--nproc", "2", "--out", str(out), "--skip",
+        "comm,compute,checks", "--unit-iters", "4", "--opt-iters", "2", "--timeout-s", "120"])
+    assert result.exit_code == 0, result.output + (out / "launch.log").read_text()[-3000:]
+    scn = load_scenario("scenarios/testbed.yaml")
+    specs = scn.model.units(scn.training.seq_len)
+    tokens = scn.training.micro_batch * scn.training.seq_len
+    s = json.loads((out / "bench-summary.json").read_text())
+    assert not s["comm"] and not s["checks"] and s["meta"]["skip"] == ["checks", "comm",
+                                                                        "compute"]
+    assert [(r["phase"], r["unit"]) for r in s["units"]] == [
+        (phase, u.index) for phase in ("forward", "backward") for u in specs]
+    for r in s["units"]:
+        u = specs[r["unit"]]
+        per_token = u.fwd_flops_per_token if r["phase"] == "forward" else u.bwd_flops_per_token
+        assert r["flops"] == pytest.approx(per_token * tokens) and r["params"] == u.params
+        assert r["kind"] == ("root" if u.index == 0 else "layer")
+        assert r["time_s"] > 0 and r["cpu_time_s"] > 0 and r["samples"] == 4
+        assert r["ranks_per_node"] == 2 and r["concurrent"] == 2
+    for m in s["model"]:
+        assert m["time_s"] > 0 and 1 / 1.5 < m["units_sum_ratio"] < 1.5, m
+    assert [r["shard"] for r in s["optimizer"]] == [1, 2, 4]
+    params = [r["params"] for r in s["optimizer"]]
+    assert params[0] == scn.model.total_params and params[0] > params[1] > params[2]
+    for r in s["optimizer"]:
+        assert r["time_s"] > 0 and r["first_time_s"] > 0 and r["tensors"] > 0
+    assert [(r["shard"], r["nbytes"]) for r in s["fedavg"]] == [
+        (r["shard"], r["params"] * 2) for r in s["optimizer"]]  # bf16 buffers
+    assert all(r["time_s"] > 0 for r in s["fedavg"])
+    _, spans = read_trace(out / "bench-rank1.jsonl")
+    firsts = [sp for sp in spans if sp.name == "optimizer" and sp.attrs["first"]]
+    assert [sp.step for sp in firsts] == [-1, -1, -1]
+    assert {sp.attrs["bench"] for sp in spans} == {"units", "optimizer", "fedavg"}
