@@ -5,6 +5,8 @@ per GPU, 2 rails of 10 Gb/s (1.25 GB/s) per node, no latencies, no host costs. T
 ahead of the GPU (no synchronisation points), as PyTorch's CPU thread does.
 """
 
+import itertools
+
 import pytest
 
 from simfed.compute import ComputeModel
@@ -157,3 +159,43 @@ def test_rate_limiter_bounds_unsharded_buffers():
     # with it: root + at most two layers in flight
     assert limited["memory_bytes"]["unsharded"] <= S[0] + 2 * S[1] + largest
     assert limited["step_time_s"] >= free["step_time_s"] * (1 - 1e-9)
+
+
+def test_resharding_the_root_adds_one_backward_all_gather():
+    def run(**over):
+        scn, *_ = _setup(**over)
+        return simulate_algorithm(scn, scn.algorithm("fsdp"), trace=True, trace_steps=1)
+
+    def gathers(r):
+        return [s.name for s in r.spans if s.cat == "comm" and s.name.startswith("all_gather")]
+
+    *_, S = _setup()
+    extra = 0.375 * S[0] / RAIL  # the root's all-gather: 3/8 of its bytes over a rail
+    reshard = {"algorithms.fsdp.reshard_root_after_forward": True}
+    keep, again = run(), run(**reshard)
+    assert len(gathers(again)) == len(gathers(keep)) + 1
+    assert gathers(again).count("all_gather u0") == 2
+    # on a GPU the host runs ahead: the extra all-gather hides behind forward compute
+    assert again.result["step_time_s"] == pytest.approx(keep.result["step_time_s"], rel=1e-12)
+    # where collectives block the rank (gloo on CPU) it adds its full time to the step
+    cpu = {"runtime.comm.overlap_compute": False}
+    delta = run(**cpu, **reshard).result["step_time_s"] - run(**cpu).result["step_time_s"]
+    assert delta == pytest.approx(extra, rel=1e-9)
+
+
+def test_cpu_backend_serialises_and_runs_reduce_scatter_as_all_reduce():
+    _, F, B, S = _setup()
+    scn, *_ = _setup(**{"runtime.comm.overlap_compute": False,
+                        "runtime.comm.reduce_scatter_impl": "all_reduce"})
+    r = simulate_algorithm(scn, scn.algorithm("fsdp"), trace=True, trace_steps=1)
+    spans = [s for s in r.spans if s.cat in ("compute", "comm") and s.step == 0]
+    # one stream: every op starts when the previous one ends
+    for a, b in itertools.pairwise(spans):
+        assert b.start_s == pytest.approx(a.end_s, abs=1e-15)
+    ag = [0.375 * s / RAIL for s in S]
+    ar = [2 * 0.375 * s / RAIL for s in S]  # all-reduce: twice the bytes of a reduce-scatter
+    opt = scn.model.total_params / 4 * (2 * 2 + 2 + 4 * 2) / 100e9
+    by_hand = (ag[0] + ag[1] + F[1] + ag[2] + F[2] + F[0]  # forward
+               + B[0] + ag[2] + B[2] + ar[2] + ag[1] + B[1] + ar[1] + ar[0]  # backward
+               + opt)
+    assert r.result["step_times_s"][0] == pytest.approx(by_hand, rel=1e-9)
