@@ -839,7 +839,21 @@ def sweep_command(scenario: str, varies: tuple[str, ...], sets: tuple[str, ...],
                   algorithms: tuple[str, ...], out_dir: str | None, csv_path: str | None,
                   json_path: str | None, name: str | None, jobs: int | None, executor: str,
                   address: str | None, quiet: bool) -> None:
-    """Simulate SCENARIO (a scenario or a sweep file) over a grid of values, in parallel."""
+    """Simulate SCENARIO (a scenario or a sweep file) over a grid of values, in parallel.
+
+    Writes one row per point and algorithm (CSV and JSON, byte-identical for the same sweep);
+    impossible points are rows with status `invalid` or `does_not_fit`, never a crash.
+
+    \b
+    A sweep file is YAML with one top-level `sweep:` mapping:
+      sweep:
+        scenario: ../scenarios/512gpu.yaml     # relative to the sweep file
+        set: {training.steps: 16}
+        vary: {cluster.nodes: "16:1024:x2", algorithms.fl_fsdp.group_nodes: [1, 4]}
+        linked: [{algorithms.fl_fsdp.aggregate_every: [4, 8],
+                  algorithms.fl_hsdp.aggregate_every: [8, 16]}]
+        algorithms: [fsdp, fl_fsdp]
+    """
     if jobs is not None and jobs < 1:
         raise SpecError(f"--jobs: must be >= 1, got {jobs}")
     if not Path(scenario).exists():

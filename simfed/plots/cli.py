@@ -59,8 +59,9 @@ def _first_keys(rows: list[dict[str, Any]]) -> list[str]:
 
 def make_figure(kind: str, inputs: tuple[str, ...], *, x: str | None = None,
                 y: str | None = None, algorithm: str | None = None, value: str = "speedup",
-                where: tuple[str, ...] = (), sets: tuple[str, ...] = (), step: int | None = None,
-                trace_steps: int = 8, title: str | None = None):
+                baseline: str | None = None, where: tuple[str, ...] = (),
+                sets: tuple[str, ...] = (), step: int | None = None, trace_steps: int = 8,
+                title: str | None = None):
     from . import (
         plot_gantt,
         plot_heatmap,
@@ -79,7 +80,7 @@ def make_figure(kind: str, inputs: tuple[str, ...], *, x: str | None = None,
         if not (x and y) and len(keys) < 2:
             raise SpecError("heatmap: give --x KEY --y KEY (the sweep varies fewer than 2 keys)")
         return plot_heatmap(rows, x=x or keys[1], y=y or keys[0], algorithm=algorithm,
-                            value=value, title=title)
+                            value=value, baseline=baseline, title=title)
     if kind == "phases":
         src = inputs[0]
         out = _simulate(src, sets)[0] if src.endswith(_YAML) else _read_json(src)
@@ -125,6 +126,8 @@ def make_figure(kind: str, inputs: tuple[str, ...], *, x: str | None = None,
 @click.option("--algorithm", "-a", default=None, help="heatmap/gantt: the algorithm to show.")
 @click.option("--value", default="speedup", show_default=True,
               help="heatmap: the result field to colour by (speedup, tokens_per_s, ...).")
+@click.option("--baseline", default=None,
+              help="heatmap: speedup over this algorithm of the sweep [default: its first].")
 @click.option("--where", multiple=True, metavar="KEY=VALUE",
               help="scaling/heatmap: keep only rows where a swept key has this value.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
@@ -135,7 +138,8 @@ def make_figure(kind: str, inputs: tuple[str, ...], *, x: str | None = None,
               help="gantt from a scenario: simulate and trace this many steps.")
 @click.option("--title", default=None, help="Replace the figure title.")
 def plot_command(kind: str, inputs: tuple[str, ...], out: str | None, x: str | None,
-                 y: str | None, algorithm: str | None, value: str, where: tuple[str, ...],
+                 y: str | None, algorithm: str | None, value: str, baseline: str | None,
+                 where: tuple[str, ...],
                  sets: tuple[str, ...], step: int | None, trace_steps: int,
                  title: str | None) -> None:
     """Draw a KIND figure from INPUT files.
@@ -155,8 +159,8 @@ def plot_command(kind: str, inputs: tuple[str, ...], out: str | None, x: str | N
             raise SpecError(f"file not found: {p}")
     try:
         fig = make_figure(kind, inputs, x=x, y=y, algorithm=algorithm, value=value,
-                          where=where, sets=sets, step=step, trace_steps=trace_steps,
-                          title=title)
+                          baseline=baseline, where=where, sets=sets, step=step,
+                          trace_steps=trace_steps, title=title)
     except ValueError as exc:
         if isinstance(exc, SpecError):
             raise

@@ -247,6 +247,10 @@ def test_plot_command_from_sweep_files(tmp_path):
                                "--algorithm", "fl_fsdp", "--out", str(tmp_path / "h.png")])
     assert res.exit_code == 0, res.output
     res = runner.invoke(main, ["plot", "heatmap", str(tmp_path / "tiny2x2.json"),
+                               "--algorithm", "FL+FSDP", "--baseline", "HSDP",
+                               "--out", str(tmp_path / "h2.png")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["plot", "heatmap", str(tmp_path / "tiny2x2.json"),
                                "--algorithm", "nope"])
     assert res.exit_code == 2 and "no rows for algorithm 'nope'" in res.output
 

@@ -251,3 +251,16 @@ def test_cli_sweep_errors_are_one_line(tmp_path, args, message):
     assert res.exit_code == 2
     assert message in res.output
     assert "Traceback" not in res.output
+
+
+def test_cli_sweep_file_plus_command_line_axes(tmp_path):
+    f = tmp_path / "grid.yaml"
+    f.write_text(f"sweep:\n  scenario: {TINY}\n  set: {{training.steps: 1}}\n"
+                 "  vary: {cluster.nodes: [1, 2]}\n  algorithms: [fsdp]\n")
+    res = CliRunner().invoke(main, ["sweep", str(f), "--vary", "training.micro_batch=1,2",
+                                    "--out", str(tmp_path), "-q", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    rows = read_rows(tmp_path / "grid.csv")
+    assert [r["params"] for r in rows] == [
+        {"cluster.nodes": n, "training.micro_batch": b} for n in (1, 2) for b in (1, 2)]
+    assert {r["steps"] for r in rows} == {1}
