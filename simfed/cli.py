@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -118,6 +119,86 @@ def schema() -> None:
     from .spec.schema import describe
 
     click.echo(describe(Scenario))
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--scenario", "scenario", required=True, type=click.Path(dir_okay=False),
+              help="The scenario whose cluster was measured (geometry, nominal figures).")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Profile to write (YAML); a scenario uses it via `--profile`.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="Fit report (JSON: parameters, 95% intervals, residuals); default OUT.json.")
+def calibrate(inputs: tuple[Path, ...], scenario: str, out: Path, report: Path | None) -> None:
+    """Fit a cluster profile to measurements: realrun bench folders, realrun traces (.jsonl),
+    PyTorch profiler Chrome traces (.json, NCCL kernels)."""
+    import json
+
+    from .calibration import calibrate as fit
+    from .calibration import read_inputs, write_profile
+    from .spec import load_scenario
+
+    scn = load_scenario(scenario)
+    samples = read_inputs(list(inputs), scn.cluster.node.gpus)
+    profile, rep = fit(scn, samples)
+    write_profile(out, profile, header=f"simfed calibrate for {scn.name} from "
+                  + ", ".join(str(i) for i in inputs))
+    report = report or out.with_suffix(".json")
+    report.write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for kind, f in rep["fits"].items():
+        if not f["n"]:
+            click.echo(f"{kind}: {f['note']}")
+            continue
+        params = ", ".join(f"{k} {v['value']:.4g} {v['unit']} [{v['ci95'][0]:.3g}, "
+                           f"{v['ci95'][1]:.3g}]" for k, v in f["params"].items())
+        click.echo(f"{kind}: n={f['n']}, rms rel error {f['rms_rel_error']:.1%}: {params}")
+    click.echo(f"wrote {out} and {report}")
+
+
+@main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out", default="runs/validate", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for benchmarks, the profile, runs and logs.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--fresh", is_flag=True, help="Re-run benchmarks and runs found in --out.")
+@click.option("--measured-only", is_flag=True,
+              help="Do not run anything: read measurements already in --out.")
+def validate(scenario: Path, out: Path, json_path: Path | None, fresh: bool,
+             measured_only: bool) -> None:
+    """Calibrate on micro-benchmarks, run the validation shapes for real on the testbed and
+    report predicted against measured step time, phases and speedups."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .analysis.report import write_json
+    from .calibration.validate import validate as run_validation
+
+    console = Console()
+    res = run_validation(scenario, out, echo=lambda m: console.print(m, highlight=False),
+                         reuse=not fresh, skip_runs=measured_only)
+    t = Table(title=f"validation of {res['scenario']}: predicted (calibrated on micro-benchmarks "
+                    "only) vs measured")
+    for col in ("run", "measured step", "predicted step", "error", "fwd m/p", "bwd m/p",
+                "opt m/p", "agg m/p"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for r in res["runs"]:
+        mp, pp = r["measured_phases_s"], r["predicted_phases_s"]
+        t.add_row(r["name"], f"{r['measured_step_time_s'] * 1e3:.1f} ms",
+                  f"{r['predicted_step_time_s'] * 1e3:.1f} ms", f"{100 * r['error']:+.1f}%",
+                  *[f"{mp[k] * 1e3:.0f}/{pp[k] * 1e3:.0f}" for k in
+                    ("forward", "backward", "optimizer", "aggregation")])
+    console.print(t)
+    for s in res["speedups"]:
+        console.print(f"  speedup {s['name']}: measured {s['measured']:.2f}x, predicted "
+                      f"{s['predicted']:.2f}x ({100 * s['error']:+.1f}%)", highlight=False)
+    sm = res["summary"]
+    console.print(f"  median |error| {100 * sm['median_abs_error']:.1f}% over {sm['runs']} runs; "
+                  f"worst {sm['worst']['name']} {100 * sm['worst']['error']:+.1f}%",
+                  highlight=False)
+    if json_path:
+        write_json(json_path, res)
+        click.echo(f"wrote {json_path}")
 
 
 # --- sweeps, plots and figures (issue 6; owned by the sweeps/plots work, keep this block last) ---
