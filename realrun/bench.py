@@ -161,7 +161,7 @@ def resolve_sizes(text: str | None, scn: Scenario | None) -> list[int]:
 def worker_args(out: Path, *, sizes: Sequence[int], ops: str, groups: str, iters: int,
                 flops: Sequence[float], hidden: int, ffn_hidden: int, check_iters: int,
                 timeout_s: float, scenario: str | None = None, sets: Sequence[str] = (),
-                skip: Sequence[str] = (), unit_iters: int = 5, opt_iters: int = 5,
+                skip: Sequence[str] = (), unit_iters: int = 8, opt_iters: int = 5,
                 case_budget_s: float = 0.0) -> list[str]:
     args = ["--out", str(out), "--sizes", ",".join(map(str, sizes)), "--ops", ops,
             "--groups", groups, "--iters", str(iters), "--flops",
@@ -421,7 +421,7 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
               sizes: str | None, ops: str, groups: str, iters: int, flops: str,
               check_iters: int, timeout_s: float, prefix: str = DEFAULT_PREFIX,
               sets: Sequence[str] = (), rate_Gbps: float | None = None, skip: str = "",
-              unit_iters: int = 5, opt_iters: int = 5,
+              unit_iters: int = 8, opt_iters: int = 5,
               case_budget_s: float = 0.5) -> dict[str, Any]:
     """Run the bench (locally or on the testbed), summarise it; raises BenchError/TestbedError."""
     for name, value, least in (("iters", iters, 1), ("check-iters", check_iters, 0),
@@ -495,7 +495,7 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
               help="forward FLOPs of the compute block ('' = skip)")
 @click.option("--check-iters", type=int, default=10, show_default=True,
               help="repetitions of the debug-check benchmark (0 = skip)")
-@click.option("--unit-iters", type=int, default=5, show_default=True,
+@click.option("--unit-iters", type=int, default=8, show_default=True,
               help="hooked (and as many plain) iterations of the per-unit compute benchmark")
 @click.option("--opt-iters", type=int, default=5, show_default=True,
               help="repetitions of the optimizer and FedAvg-local benchmarks")

@@ -88,7 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "the unit, optimizer and FedAvg benchmarks")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--skip", default="", help=f"parts to skip: {', '.join(PARTS)}")
-    p.add_argument("--unit-iters", type=int, default=5,
+    p.add_argument("--unit-iters", type=int, default=8,
                    help="hooked (and as many plain) iterations of the unit benchmark")
     p.add_argument("--opt-iters", type=int, default=5, help="repetitions of the optimizer and "
                    "FedAvg-local benchmarks")
