@@ -31,11 +31,13 @@ fastest repetition, samples the number of repetitions. Times in seconds, sizes i
   layer), phase (forward | backward), params, flops (ModelSpec.units FLOPs x tokens), tokens
   (micro_batch x seq_len), time_s (wall), min_time_s, cpu_time_s (process CPU time), samples,
   gflops_per_s (flops / time_s), ranks_per_node, cores (per rank), concurrent (ranks computing
-  at once)}]: the scenario's model as training wraps it, on a 1-rank mesh (no communication);
-  the root unit is embedding + final norm + head + loss (+ FSDP2's final backward callback).
+  at once: all), alone_time_s and alone_cpu_time_s (one rank per node computing, the others
+  idle; null with one rank per node)}]: the scenario's model as training wraps it, on a 1-rank
+  mesh (no communication); the root unit is embedding + final norm + head + loss (+ FSDP2's
+  final backward callback).
 - model: [{phase, params, flops, time_s (plain whole-model pass, no hooks), samples,
   cpu_time_s, hooked_time_s (whole pass with the unit hooks), units_sum_s (sum of the units'
-  time_s), units_sum_ratio (units_sum_s / time_s)}].
+  time_s), units_sum_ratio (units_sum_s / time_s), alone_time_s (hooked, one rank per node)}].
 - optimizer: [{shard, params (one rank's local), tensors, time_s, min_time_s, cpu_time_s,
   samples, first_time_s (the first step: state allocation and DTensor's cold caches)}]: the
   optimizer step + LR step + zero_grad, as training's "optimizer" phase.
@@ -242,7 +244,7 @@ def summarize(out: str | Path) -> dict[str, Any]:
             if bench == "units":
                 key: tuple = (bench, a["kind"], a["unit"], a["unit_name"], s.name, a["hooks"],
                               a["params"], a["flops"], a["tokens"], a["ranks_per_node"],
-                              a["cores"], a["concurrent"])
+                              a["cores"], a["concurrent"], bool(a.get("alone", False)))
             elif bench == "optimizer":
                 key = (bench, a["shard"], a["params"], a["tensors"])
             else:
@@ -293,6 +295,7 @@ def _unit_rows(cases: dict[tuple, dict[int, float]], cpu_cases: dict[tuple, dict
                ) -> dict[str, list[dict[str, Any]]]:
     """The `units`, `model`, `optimizer` and `fedavg` lists of the summary."""
     unit_rows: list[dict[str, Any]] = []
+    alone: dict[tuple[int, str], tuple[float, float]] = {}  # (unit, phase) -> (wall, CPU)
     whole: dict[tuple[str, bool], tuple[float, int, float, int, float]] = {}
     opt_rows: list[dict[str, Any]] = []
     fed_rows: list[dict[str, Any]] = []
@@ -302,7 +305,10 @@ def _unit_rows(cases: dict[tuple, dict[int, float]], cpu_cases: dict[tuple, dict
         t, t_min, n = _slowest_median(reps)
         cpu = _slowest_median(cpu_cases[key])[0]
         if key[0] == "units":
-            _, kind, unit, name, phase, hooks, params, flops, tokens, rpn, cores, conc = key
+            _, kind, unit, name, phase, hooks, params, flops, tokens, rpn, cores, conc, solo = key
+            if solo:
+                alone[(unit, phase)] = (t, cpu)
+                continue
             if kind == "model":
                 whole[(phase, hooks)] = (t, n, flops, params, cpu)
                 continue
@@ -323,6 +329,9 @@ def _unit_rows(cases: dict[tuple, dict[int, float]], cpu_cases: dict[tuple, dict
                              "min_time_s": t_min, "cpu_time_s": cpu, "samples": n})
     phase_order = {"forward": 0, "backward": 1}
     unit_rows.sort(key=lambda r: (phase_order.get(r["phase"], 2), r["unit"]))
+    for r in unit_rows:
+        r["alone_time_s"], r["alone_cpu_time_s"] = alone.get((r["unit"], r["phase"]),
+                                                             (None, None))
     model_rows = []
     for phase in ("forward", "backward"):
         plain, hooked = whole.get((phase, False)), whole.get((phase, True))
@@ -336,6 +345,7 @@ def _unit_rows(cases: dict[tuple, dict[int, float]], cpu_cases: dict[tuple, dict
             "time_s": plain[0] if plain else None, "samples": plain[1] if plain else 0,
             "cpu_time_s": plain[4] if plain else None,
             "hooked_time_s": hooked[0] if hooked else None, "units_sum_s": units_sum,
+            "alone_time_s": alone.get((-1, phase), (None,))[0],
             "units_sum_ratio": units_sum / plain[0] if plain and plain[0] > 0 else None,
         })
     opt_rows.sort(key=lambda r: r["shard"])
@@ -377,11 +387,12 @@ def format_summary(summary: dict[str, Any]) -> str:
                 f"{r.get('all_gather_tiny_s', 0) * 1e6:>11.0f}")
     if summary.get("units"):
         lines.append(f"{'unit':<8}{'phase':<10}{'params':>9}{'flops':>10}{'time_ms':>10}"
-                     f"{'cpu_ms':>9}{'GFLOP/s':>9}")
+                     f"{'cpu_ms':>9}{'alone_ms':>9}{'GFLOP/s':>9}")
         for r in summary["units"]:
+            alone_ms = (r.get("alone_time_s") or float("nan")) * 1e3
             lines.append(f"{r['name']:<8}{r['phase']:<10}{r['params']:>9}{r['flops']:>10.3g}"
                          f"{r['time_s'] * 1e3:>10.3f}{r['cpu_time_s'] * 1e3:>9.3f}"
-                         f"{r['gflops_per_s']:>9.2f}")
+                         f"{alone_ms:>9.3f}{r['gflops_per_s']:>9.2f}")
         for r in summary.get("model", []):
             plain = f"{r['time_s'] * 1e3:.1f} ms" if r["time_s"] is not None else "-"
             lines.append(f"whole model {r['phase']}: {plain} plain, units sum "

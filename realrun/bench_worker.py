@@ -16,7 +16,8 @@ repetition (-1: an optimizer's first step):
 - cat "compute", name forward | backward, attrs bench "units": unit (ModelSpec.units index, -1 =
   the whole model), unit_name, kind layer | root | model, phase, params, flops (simfed's
   convention x tokens), tokens, micro_batch, seq_len, hooks (false: a plain whole-model
-  iteration), ranks_per_node, cores, concurrent, threads.
+  iteration), alone (one rank per node computing), cpu_s, ranks_per_node, cores, concurrent,
+  threads.
 - cat "host", name optimizer, attrs bench "optimizer": shard, params (local), tensors,
   param_nbytes, first (the first step); name fedavg_local, nbytes = the FedAvg buffer, attrs
   bench "fedavg": shard, params, tensors, fedavg_dtype.
@@ -346,8 +347,8 @@ def run_units(bench: Bench, scenario: Scenario, skip: set[str]) -> None:
                    attrs={**(attrs or {}), "case": bench.case})
 
     ub = UnitBench(scenario, emit=emit, now=bench.now_s, barrier=dist.barrier,
-                   timeout_s=a.timeout_s, ranks_per_node=bench.ranks_per_node,
-                   world=bench.world)
+                   timeout_s=a.timeout_s, rank=bench.rank,
+                   ranks_per_node=bench.ranks_per_node, world=bench.world)
     if "units" not in skip and a.unit_iters > 0:
         ub.units(a.unit_iters)
     if "optimizer" not in skip and a.opt_iters > 0:

@@ -17,7 +17,9 @@ Unit boundaries (CPU ops are synchronous, so the stamps are exact):
   of block i counts in block i; the root unit (loss, head, norm, embedding and FSDP2's
   final callback) is the whole `loss.backward()` minus the blocks.
 Units are numbered as `ModelSpec.units`: 0 = root, 1..L = blocks, with its FLOP convention.
-Besides the hooked iterations, plain iterations (no hooks) time the whole forward and backward.
+Besides the hooked iterations, plain iterations (no hooks) time the whole forward and backward;
+then, on nodes of several ranks, hooked iterations where one rank per node computes while its
+node's other ranks wait ("alone": the node's cores to itself).
 
 Optimizer: the step as `realrun.optimizer.build_optimizer` builds it (AdamW foreach on CPU) plus
 the LR step and `zero_grad`, as training's "optimizer" phase, over parameters shaped like one
@@ -163,11 +165,13 @@ class UnitBench:
     """The three benchmarks of one rank; `emit` writes a span (see `realrun.bench_worker`)."""
 
     def __init__(self, scenario: Scenario, *, emit: Emit, now: Callable[[], float],
-                 barrier: Callable[[], None], timeout_s: float, ranks_per_node: int, world: int):
+                 barrier: Callable[[], None], timeout_s: float, rank: int, ranks_per_node: int,
+                 world: int):
         self.sc = scenario
         self.emit, self.now, self.barrier = emit, now, barrier
         self.timeout_s = timeout_s
-        self.ranks_per_node, self.world = ranks_per_node, world
+        self.rank, self.ranks_per_node, self.world = rank, ranks_per_node, world
+        self.nodes = world // ranks_per_node
         self.cores = len(os.sched_getaffinity(0))
         self.mesh = singleton_mesh(timeout_s)
         self.device = torch.device("cpu")
@@ -209,19 +213,29 @@ class UnitBench:
         for _ in range(warmup):
             self.barrier()
             once()
-        for it in range(2 * iters):
-            rep, hooked = it // 2, it % 2 == 0  # hooked and plain iterations alternate
+        # every rank computing (as in training's lockstep units), hooked and plain iterations
+        # alternating; then one rank per node computing alone (hooked), the others waiting
+        alone = self.rank % self.ranks_per_node == 0
+        plan = [(rep, hooked, False) for rep in range(iters) for hooked in (True, False)]
+        if self.ranks_per_node > 1:
+            plan += [(rep, True, True) for rep in range(iters)]
+        for rep, hooked, by_node in plan:
+            if by_node and not alone:
+                self.barrier()
+                continue
             if hooked:
                 timer.attach()
             self.barrier()
             offset = self.now() - time.perf_counter()  # perf_counter -> the trace's clock
             fwd, bwd = once()
             timer.detach()
+            extra = {"hooks": hooked, "concurrent": self.nodes if by_node else self.world,
+                     "alone": by_node}
             for phase, (a, b) in (("forward", fwd), ("backward", bwd)):
                 wall, cpu = elapsed(a, b)
                 self.emit(phase, "compute", a[0] + offset, wall, rep, attrs={
-                    **common, "bench": "units", "unit": -1, "unit_name": "model",
-                    "kind": "model", "phase": phase, "hooks": hooked, "cpu_s": cpu,
+                    **common, **extra, "bench": "units", "unit": -1, "unit_name": "model",
+                    "kind": "model", "phase": phase, "cpu_s": cpu,
                     "params": sc.model.total_params,
                     "flops": sum(flops(u, phase) for u in specs)})
             if not hooked:
@@ -229,9 +243,9 @@ class UnitBench:
             for phase, parts in timer.split(fwd, bwd).items():
                 for u, (start, (wall, cpu)) in zip(specs, parts, strict=True):
                     self.emit(phase, "compute", start + offset, wall, rep, attrs={
-                        **common, "bench": "units", "unit": u.index, "unit_name": u.name,
-                        "kind": "root" if u.index == 0 else "layer", "phase": phase,
-                        "hooks": True, "cpu_s": cpu, "params": u.params,
+                        **common, **extra, "bench": "units", "unit": u.index,
+                        "unit_name": u.name, "kind": "root" if u.index == 0 else "layer",
+                        "phase": phase, "cpu_s": cpu, "params": u.params,
                         "flops": flops(u, phase)})
 
     # ---- optimizer and FedAvg local work --------------------------------------------------

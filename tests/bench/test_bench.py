@@ -194,6 +194,7 @@ def test_summary_of_units_optimizer_and_fedavg(tmp_path):
     assert (root["unit"], root["kind"], layer["kind"]) == (0, "root", "layer")
     assert root["time_s"] == pytest.approx(3e-3) and layer["time_s"] == pytest.approx(6e-3)
     assert root["cpu_time_s"] == pytest.approx(1.5e-3) and root["samples"] == 3
+    assert root["alone_time_s"] is None  # no one-rank-per-node iterations in this trace
     assert root["gflops_per_s"] == pytest.approx(1e9 / 3e-3 / 1e9)
     (whole,) = s["model"]
     assert whole["time_s"] == pytest.approx(7.5e-3) and whole["hooked_time_s"] is None
@@ -233,8 +234,10 @@ def test_unit_and_optimizer_bench_of_the_tiny_model(tmp_path):
         assert r["kind"] == ("root" if u.index == 0 else "layer")
         assert r["time_s"] > 0 and r["cpu_time_s"] > 0 and r["samples"] == 4
         assert r["ranks_per_node"] == 2 and r["concurrent"] == 2
+        assert r["alone_time_s"] > 0 and r["alone_cpu_time_s"] > 0  # one rank per node
     for m in s["model"]:
         assert m["time_s"] > 0 and 1 / 1.5 < m["units_sum_ratio"] < 1.5, m
+        assert m["alone_time_s"] > 0
     assert [r["shard"] for r in s["optimizer"]] == [1, 2, 4]
     params = [r["params"] for r in s["optimizer"]]
     assert params[0] == scn.model.total_params and params[0] > params[1] > params[2]
