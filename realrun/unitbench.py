@@ -3,7 +3,9 @@
 Run on every rank at once by `realrun.bench_worker` (so the ranks of a testbed node share its
 cores as in training), with no communication: the model is wrapped as `realrun.train` wraps it
 (`realrun.sharding.shard_model`: FSDP2 per decoder block + root) but over a mesh of one rank per
-process, so FSDP2's hooks, all-gather copy-in/out and autograd overheads are in the times.
+process, so FSDP2's hooks, unshard/reshard and autograd overheads are in the times. (On a 1-rank
+mesh FSDP2 copies each parameter instead of the all-gather copy-in and copy-out, and skips the
+reduce-scatter's copies; on the testbed those cost ~1 ms per unit, next to the collective.)
 
 Every time is wall (perf_counter) and CPU time of the process (process_time, attrs cpu_s): when a
 node's ranks share its cores, wall is about CPU x ranks per core, which a simulator can model.
@@ -45,7 +47,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from simfed.spec import Scenario, UnitSpec
+from simfed.spec import Scenario, UnitSpec, algorithm_info
 
 from .model import TORCH_DTYPES, Llama, next_token_loss
 from .optimizer import build_optimizer
@@ -70,8 +72,6 @@ def shard_sizes(scenario: Scenario) -> list[int]:
 
 def fedavg_dtypes(scenario: Scenario) -> list[str]:
     """The FedAvg buffer dtypes the scenario's federated algorithms use (fp32 when none)."""
-    from simfed.spec import algorithm_info
-
     found = {a.fedavg_dtype for a in scenario.algorithms if algorithm_info(a.name).federated}
     return sorted(found) or ["fp32"]
 
