@@ -5,7 +5,7 @@ cores as in training), with no communication: the model is wrapped as `realrun.t
 (`realrun.sharding.shard_model`: FSDP2 per decoder block + root) but over a mesh of one rank per
 process, so FSDP2's hooks, unshard/reshard and autograd overheads are in the times. (On a 1-rank
 mesh FSDP2 copies each parameter instead of the all-gather copy-in and copy-out, and skips the
-reduce-scatter's copies; on the testbed those cost ~1 ms per unit, next to the collective.)
+reduce-scatter's copies: up to a few ms per unit on the testbed, next to the collective.)
 
 Every time is wall (perf_counter) and CPU time of the process (process_time, attrs cpu_s): when a
 node's ranks share its cores, wall is about CPU x ranks per core, which a simulator can model.
