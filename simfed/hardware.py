@@ -35,6 +35,7 @@ class Hardware:
     global_taper: float
     placement: str
     switch_latency_s: float
+    switch_Bps: float = 0.0  # leaf switch aggregate capacity (0: non-blocking)
 
     @classmethod
     def from_spec(cls, cluster: ClusterSpec, runtime: RuntimeSpec) -> Hardware:
@@ -62,6 +63,7 @@ class Hardware:
             global_taper=f.global_taper,
             placement=f.placement,
             switch_latency_s=us_to_s(f.switch_latency_us),
+            switch_Bps=gbps_to_Bps(f.switch_capacity_Gbps),
         )
 
     @property

@@ -19,6 +19,7 @@ from .fit import (
     FitResult,
     fit_checks,
     fit_comm,
+    fit_fedavg,
     fit_optimizer,
     fit_units,
     optimizer_bytes_per_param,
@@ -37,8 +38,8 @@ def _val(res: FitResult, name: str) -> float | None:
 
 def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str, Any]]:
     fits = [fit_comm(scn, samples), fit_units(samples), fit_optimizer(scn, samples),
-            fit_checks(samples)]
-    comm, units, opt, checks = fits
+            fit_checks(samples), fit_fedavg(samples)]
+    comm, units, opt, checks, fedavg = fits
     node = scn.cluster.node
     cluster: dict[str, Any] = {"node": {}}
     runtime: dict[str, Any] = {"compute": {}, "comm": {}, "host": {}}
@@ -94,6 +95,19 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
             runtime["comm"]["nic_efficiency"] = 1.0
             note("cluster.node.nics.bw_Gbps", comm, "nic_bw_Gbps")
 
+    v = _val(comm, "switch_capacity_Gbps")
+    if v is not None:
+        # far above what the nodes can inject: the switch never binds (non-blocking)
+        inject = scn.cluster.nodes * node.nics.count * node.nics.bw_Gbps
+        cap = round(v, 4) if v < 4 * inject else 0.0
+        cluster.setdefault("fabric", {})["switch_capacity_Gbps"] = cap
+        note("cluster.fabric.switch_capacity_Gbps", comm, "switch_capacity_Gbps")
+    factors = {p.name.removeprefix("bw_factor_"): round(p.value, 5) for p in comm.params
+               if p.name.startswith("bw_factor_")}
+    if factors:
+        runtime["comm"]["op_bw_factor"] = factors
+        note("runtime.comm.op_bw_factor", comm)
+
     # ---- compute: rate = peak x efficiency; the peak moves up if measured faster
     rates = {ph: _val(units, f"{ph}_flops_per_s") for ph in ("forward", "backward")}
     if all(r is not None for r in rates.values()):
@@ -126,6 +140,12 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
                                                             or 0.0, 3)
         note("runtime.compute.optimizer_overhead_us", opt)
 
+    # ---- FedAvg local work
+    v = _val(fedavg, "fedavg_local_GBps")
+    if v is not None:
+        runtime["compute"]["fedavg_local_GBps"] = round(v, 6)
+        note("runtime.compute.fedavg_local_GBps", fedavg)
+
     # ---- debug checks
     v = _val(checks, "gloo_hop_us")
     if v is not None:
@@ -137,7 +157,8 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
     runtime["provenance"] = prov
     profile: dict[str, Any] = {}
     cluster["node"] = {k: v for k, v in cluster["node"].items() if v}
-    if cluster["node"]:
+    cluster = {k: v for k, v in cluster.items() if v}
+    if cluster:
         profile["cluster"] = cluster
     profile["runtime"] = {k: v for k, v in runtime.items() if v}
     report = {

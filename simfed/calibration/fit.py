@@ -25,7 +25,7 @@ from scipy import optimize, stats
 from ..collectives import collective_impl
 from ..hardware import Hardware
 from ..network.geometry import ring_load
-from ..network.links import NIC, NVLINK
+from ..network.links import NIC, NVLINK, SWITCH
 from ..spec.scenario import Scenario
 from ..spec.units import dtype_nbytes
 from .samples import Samples
@@ -88,8 +88,10 @@ class _CommFeature:
     phases: int  # collective launches (1 for ring)
     nv_bytes: float  # bytes over the busiest NVLink class link (at efficiency 1)
     nic_bytes: float  # bytes over the busiest NIC class link (at efficiency 1)
+    sw_bytes: float  # bytes through the busiest leaf switch (all its nodes' egress)
     measured: float
     label: str
+    op: str  # the implementation whose bandwidth factor applies
 
 
 def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_CommFeature]:
@@ -107,11 +109,11 @@ def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_Com
             return index.setdefault((kind, sub if node >= 0 else -1), len(index))
 
         steps = 0
-        nv = nic = 0.0
+        nv = nic = sw = 0.0
         inter = False
         phases = impl(s.op, s.instances, s.gpus_per_node)
         for ph in phases:
-            load = ring_load(hw, ph.instances, link_index)
+            load = ring_load(hw, ph.instances, link_index, switch=True)
             steps += ph.steps
             e_bytes = ph.e_factor * s.nbytes
             kinds = {v: k[0] for k, v in index.items()}
@@ -121,7 +123,10 @@ def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_Com
                 elif kinds[c] == NIC:
                     nic = max(nic, d * e_bytes)
                     inter = True
-        feats.append(_CommFeature(steps, inter, len(phases), nv, nic, s.time_s, s.label))
+                elif kinds[c] == SWITCH:
+                    sw = max(sw, d * e_bytes)
+        feats.append(_CommFeature(steps, inter, len(phases), nv, nic, sw, s.time_s, s.label,
+                                  s.op))
     return feats
 
 
@@ -136,13 +141,30 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
     has_intra = any(f.nv_bytes > 0 for f in feats)
     has_inter = any(f.inter for f in feats)
     n = scn.cluster.node
-    # unknowns: launch_s, hop_intra_s, hop_inter_s, s_per_byte_nvlink, s_per_byte_nic
-    x0 = np.array([1e-5, 1e-5, 1e-5, 1 / (n.nvlink.bw_GBps * 1e9), 8 / (n.nics.bw_Gbps * 1e9)])
-    free = [True, has_intra, has_inter, has_intra, has_inter]
+    # per-implementation bandwidth factors, relative to all-reduce (or the most common op)
+    ops = sorted({f.op for f in feats})
+    ref = "all_reduce" if "all_reduce" in ops else ops[0]
+    others = [o for o in ops if o != ref]
+    # a leaf switch's aggregate capacity is identifiable only if some samples load it harder
+    # (more nodes sending at once) than others
+    sw_ratio = {round(f.sw_bytes / f.nic_bytes, 6) for f in feats if f.nic_bytes > 0}
+    has_switch = has_inter and len(sw_ratio) > 1
+    # unknowns: launch_s, hop_intra_s, hop_inter_s, s_per_byte_nvlink, s_per_byte_nic,
+    # s_per_byte_switch, and 1 / bandwidth factor of every other op
+    x0 = np.array([1e-5, 1e-5, 1e-5, 1 / (n.nvlink.bw_GBps * 1e9), 8 / (n.nics.bw_Gbps * 1e9),
+                   # start the switch where it binds (twice a node's rate), or max() hides it
+                   0.5 * 8 / (n.nics.bw_Gbps * 1e9)] + [1.0] * len(others))
+    free = [True, has_intra, has_inter, has_intra, has_inter, has_switch] \
+        + [True] * len(others)
+    if not has_switch:
+        x0[5] = 0.0
+    slow_ix = {o: 6 + i for i, o in enumerate(others)}
 
     def model(x: np.ndarray, f: _CommFeature) -> float:
         hop = x[2] if f.inter else x[1]
-        return f.phases * x[0] + f.steps * hop + max(f.nv_bytes * x[3], f.nic_bytes * x[4])
+        slow = x[slow_ix[f.op]] if f.op in slow_ix else 1.0
+        return (f.phases * x[0] + f.steps * hop
+                + slow * max(f.nv_bytes * x[3], f.nic_bytes * x[4], f.sw_bytes * x[5]))
 
     idx = [i for i, fr in enumerate(free) if fr]
 
@@ -164,19 +186,24 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
         se = np.sqrt(np.clip(np.diag(cov), 0, None)) * scale
     except np.linalg.LinAlgError:
         se = np.full(len(idx), np.nan)
-    se_full = np.full(5, np.nan)
+    se_full = np.full(len(x0), np.nan)
     se_full[idx] = se
     names = [("launch_us", 1e6, "us"), ("nvlink_step_latency_us", 1e6, "us"),
              ("nic_step_latency_us", 1e6, "us")]
     for i, (name, k, unit) in enumerate(names):
         if free[i]:
             res.params.append(Param(name, x[i] * k, _ci(x[i] * k, se_full[i] * k), unit))
-    for i, name, conv in ((3, "nvlink_bw_GBps", 1e-9), (4, "nic_bw_Gbps", 8e-9)):
+    for i, name, conv in ((3, "nvlink_bw_GBps", 1e-9), (4, "nic_bw_Gbps", 8e-9),
+                          (5, "switch_capacity_Gbps", 8e-9)):
         if free[i] and x[i] > 0:
             bw = conv / x[i]
             # delta method: d(1/x) = dx / x^2
             se_bw = conv * se_full[i] / x[i] ** 2
             res.params.append(Param(name, bw, _ci(bw, se_bw), name.rsplit("_", 1)[1]))
+    for op, i in slow_ix.items():  # factor = 1 / slowdown
+        fac = 1.0 / x[i] if x[i] > 0 else float("inf")
+        res.params.append(Param(f"bw_factor_{op}", fac,
+                                _ci(fac, se_full[i] / x[i] ** 2 if x[i] > 0 else np.nan), ""))
     for f in feats:
         pred = model(x, f)
         res.residuals.append({"label": f.label, "measured_s": f.measured,
@@ -247,6 +274,28 @@ def fit_optimizer(scn: Scenario, samples: Samples) -> FitResult:
         res.residuals.append({"label": f"adamw {o.params:.3g} params", "measured_s": o.time_s,
                               "predicted_s": float(pred),
                               "rel_error": float((pred - o.time_s) / o.time_s)})
+    return res
+
+
+def fit_fedavg(samples: Samples) -> FitResult:
+    """FedAvg's local work: time = bytes / bandwidth (least squares through the origin)."""
+    res = FitResult(kind="fedavg_local")
+    pts = samples.fedavg
+    if not pts:
+        res.note = "no FedAvg samples: its local work is taken as free"
+        return res
+    b = np.array([p.nbytes for p in pts])
+    t = np.array([p.time_s for p in pts])
+    s_per_byte = float(np.sum(b * t) / np.sum(b * b))
+    dof = max(1, len(pts) - 1)
+    se = math.sqrt(float(np.sum((t - s_per_byte * b) ** 2)) / dof / float(np.sum(b * b)))
+    bw = 1e-9 / s_per_byte
+    res.params.append(Param("fedavg_local_GBps", bw, _ci(bw, 1e-9 * se / s_per_byte**2), "GB/s"))
+    for p, bi in zip(pts, b, strict=True):
+        pred = s_per_byte * bi
+        res.residuals.append({"label": f"fedavg local {bi:.3g} B", "measured_s": p.time_s,
+                              "predicted_s": float(pred),
+                              "rel_error": float((pred - p.time_s) / p.time_s)})
     return res
 
 

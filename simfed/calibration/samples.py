@@ -58,6 +58,13 @@ class OptimizerSample:
 
 
 @dataclass(frozen=True)
+class FedavgSample:
+    nbytes: float  # the averaged buffer
+    time_s: float  # local work only (the all-reduce is a collective sample)
+    source: str
+
+
+@dataclass(frozen=True)
 class CheckSample:
     group_size: int
     time_s: float
@@ -69,6 +76,7 @@ class Samples:
     comm: list[CommSample] = field(default_factory=list)
     units: list[UnitSample] = field(default_factory=list)
     optimizer: list[OptimizerSample] = field(default_factory=list)
+    fedavg: list[FedavgSample] = field(default_factory=list)
     checks: list[CheckSample] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)  # backend facts (impl, overlap)
     sources: list[str] = field(default_factory=list)
@@ -77,6 +85,7 @@ class Samples:
         self.comm += other.comm
         self.units += other.units
         self.optimizer += other.optimizer
+        self.fedavg += other.fedavg
         self.checks += other.checks
         self.meta.update(other.meta)
         self.sources += other.sources
@@ -139,6 +148,9 @@ def read_bench(path: Path) -> Samples:
     for row in data.get("optimizer", []):
         out.optimizer.append(OptimizerSample(params=float(row["params"]),
                                              time_s=float(row["time_s"]), source=src))
+    for row in data.get("fedavg", []):
+        out.fedavg.append(FedavgSample(nbytes=float(row["nbytes"]), time_s=float(row["time_s"]),
+                                       source=src))
     for row in data.get("checks", []):
         if "detail_check_s" in row:
             out.checks.append(CheckSample(group_size=int(row["group_size"]),

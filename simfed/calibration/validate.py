@@ -81,23 +81,39 @@ class Runner:
                             f"{last[:200]} (log: {log})")
 
 
+WARMUP_STEPS = 2  # the first optimizer step allocates its state; the first steps are outliers
+
+
 def _measured(run_dir: Path) -> dict[str, Any]:
-    """Step and phase times of a realrun output folder, after the first (warm-up) step."""
+    """Steady-state step and phase times of a realrun output folder: the mean over the steps after
+    the first WARMUP_STEPS (a mean, not a median: with FedAvg every K steps the step times are
+    multi-modal, and the simulator's step time is the mean over aggregating and other steps; a
+    step's phases: the mean over ranks). The simulator predicts the steady state (no
+    allocation, no warm-up)."""
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    phases: dict[str, list[float]] = {p: [] for p in PHASES}
+    times = summary["step_times_s"]
+    steady = times[WARMUP_STEPS:] if len(times) > WARMUP_STEPS else times[-1:]
+    per_step: dict[tuple[str, int], list[float]] = {}
     for trace in sorted(run_dir.glob("trace_rank*.jsonl")):
         _meta, spans = read_trace(trace)
-        per_step: dict[tuple[str, int], float] = {}
+        mine: dict[tuple[str, int], float] = {}
         for s in spans:
-            if s.cat == "phase" and s.step >= 1 and s.name in phases:
-                per_step[(s.name, s.step)] = per_step.get((s.name, s.step), 0.0) + s.dur_s
-        steps = {st for _n, st in per_step} or {1}
-        for p in PHASES:
-            phases[p].append(sum(per_step.get((p, st), 0.0) for st in steps) / len(steps))
+            if s.cat == "phase" and s.name in PHASES and s.step >= WARMUP_STEPS:
+                mine[(s.name, s.step)] = mine.get((s.name, s.step), 0.0) + s.dur_s
+        for key, v in mine.items():
+            per_step.setdefault(key, []).append(v)
+    steps = sorted({st for _n, st in per_step})
+    phases = {p: statistics.fmean([statistics.fmean(per_step.get((p, st), [0.0]))
+                                   for st in steps]) if steps else 0.0 for p in PHASES}
+    return {"step_time_s": statistics.fmean(steady), "phases_s": phases, "summary": summary}
+
+
+def _median_of(ms: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over repeated launches of the steady-state step and phase times."""
     return {
-        "step_time_s": summary["step_time_s_after_first"],
-        "phases_s": {p: (statistics.fmean(v) if v else 0.0) for p, v in phases.items()},
-        "summary": summary,
+        "step_time_s": statistics.median(m["step_time_s"] for m in ms),
+        "phases_s": {p: statistics.median(m["phases_s"][p] for m in ms) for p in PHASES},
+        "launches": [m["step_time_s"] for m in ms],
     }
 
 
@@ -134,32 +150,40 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
     echo(f"profile: {profile_path}")
     # ---- 3. end-to-end runs, 4. predictions
     rows = []
+    repeats = scn.validation.repeats
     for shape in shapes:
         sets = dict(shape.set or {})
         algs = list(shape.algorithms) or [a.label or a.name for a in scn.algorithms]
-        run_dir = out / "runs" / shape.name
-        missing = [a for a in algs if not reuse or not (run_dir / a / "summary.json").exists()]
-        if missing:
+        for rep in range(repeats):
+            run_dir = out / "runs" / shape.name / f"rep{rep}"
+            missing = [a for a in algs
+                       if not reuse or not (run_dir / a / "summary.json").exists()]
+            if not missing:
+                continue
             if skip_runs:
                 raise SpecError(f"validate: no measurements for shape {shape.name!r} in "
                                 f"{run_dir} ({', '.join(missing)})")
             if os.geteuid() != 0:
                 raise SpecError(f"validate: the testbed needs root (euid is {os.geteuid()})")
-            echo(f"shape {shape.name}: running {', '.join(missing)} {sets or ''}")
+            echo(f"shape {shape.name} (launch {rep + 1}/{repeats}): {', '.join(missing)} "
+                 f"{sets or ''}")
             runner.realrun(["testbed", "run", str(scenario), *_fmt_sets(sets), "--",
                             str(scenario), *_fmt_sets(sets), "--algorithm", ",".join(missing),
-                            "--out", str(run_dir)], out / "logs" / f"run-{shape.name}.log")
+                            "--out", str(run_dir)],
+                           out / "logs" / f"run-{shape.name}-rep{rep}.log")
         pscn = load_scenario(scenario, sets, profile=profile_path)
         pred, _ = simulate(pscn, algorithms=algs)
         by_name = {r["name"]: r for r in pred["algorithms"]}
         for a in algs:
-            m = _measured(run_dir / a)
+            m = _median_of([_measured(out / "runs" / shape.name / f"rep{rep}" / a)
+                            for rep in range(repeats)])
             p = by_name[pscn.algorithm(a).name]
             err = (p["step_time_s"] - m["step_time_s"]) / m["step_time_s"]
             rows.append({
                 "name": f"{shape.name}/{a}", "shape": shape.name, "set": sets, "algorithm": a,
                 "predicted_step_time_s": p["step_time_s"],
                 "measured_step_time_s": m["step_time_s"], "error": err,
+                "measured_launches_s": m["launches"],
                 "predicted_phases_s": {k: p["phases_s"][k] for k in PHASES},
                 "measured_phases_s": m["phases_s"],
                 "phase_errors_s": {k: p["phases_s"][k] - m["phases_s"][k] for k in PHASES},

@@ -81,6 +81,7 @@ class StepTimes:
     replicate: int
     groups: int
     shard_params: int
+    fedavg_local_s: float = 0.0  # flatten/cast/divide/copy-back around the FedAvg all-reduce
 
 
 def build_program(
@@ -194,7 +195,7 @@ def build_program(
         agg = add(kind=COLL, stream=STREAM_OF[FED], phase=AGG, name="fedavg all_reduce",
                   deps=(opt.idx,), coll="all_reduce", pg=FED, nbytes=nbytes)
         avg = add(kind=COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
-                  duration_s=0.0)
+                  duration_s=t.fedavg_local_s)
         add(kind=SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
     if comm is not None and comm.reduce_scatter_impl == "all_reduce":
         for op in ops:  # gloo: a full all-reduce of the unsharded gradient, then slice

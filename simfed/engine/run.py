@@ -18,7 +18,7 @@ from ..spec.plan import PG_KINDS
 from ..spec.scenario import AlgorithmSpec, Scenario
 from ..spec.schema import SpecError
 from ..spec.trace import PHASES, Span
-from ..spec.units import us_to_s
+from ..spec.units import dtype_nbytes, us_to_s
 from .actors import partition
 from .program import StepTimes, build_program
 from .sim import Simulation
@@ -67,6 +67,8 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         + us_to_s(rt.optimizer_overhead_us),
         shard=plan.shard, replicate=plan.replicate, groups=plan.groups,
         shard_params=shard_params,
+        fedavg_local_s=(shard_params * dtype_nbytes(alg.fedavg_dtype)
+                        / (rt.fedavg_local_GBps * 1e9) if rt.fedavg_local_GBps else 0.0),
     )
     launch_s = us_to_s(scn.runtime.compute.launch_us_per_unit)
     agg_steps = (aggregate_steps(steps, alg.aggregate_every)

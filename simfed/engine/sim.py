@@ -29,7 +29,7 @@ from ..collectives import collective_impl
 from ..hardware import Hardware
 from ..network.flow import FlowNetwork
 from ..network.geometry import RingLoad, ring_load
-from ..network.links import GLOBAL, LEAF_UP, LINK_KINDS, NIC, NVLINK, LinkClass
+from ..network.links import GLOBAL, LEAF_UP, LINK_KINDS, NIC, NVLINK, SWITCH, LinkClass
 from ..spec.plan import ParallelPlan
 from ..spec.scenario import CommRuntime, HostRuntime
 from ..spec.units import us_to_s
@@ -119,6 +119,7 @@ class Simulation:
         for kind, cap, n in (
             (LEAF_UP, hw.leaf_uplink_Bps * hw.nic_efficiency, leaves),
             (GLOBAL, hw.group_global_Bps * hw.nic_efficiency, groups),
+            (SWITCH, hw.switch_Bps or float("inf"), leaves),
         ):
             self._link_ix[(kind, -1, 0)] = len(links)
             links.append(LinkClass(len(links), kind, -1, cap, n))
@@ -162,7 +163,8 @@ class Simulation:
             load = self._loads.get(lkey)
             if load is None:
                 load = self._loads[lkey] = ring_load(self.hw, ph.instances, self._link_index)
-            e_bytes = ph.e_factor * nbytes
+            # bytes over the links, slowed by the implementation's achieved-bandwidth factor
+            e_bytes = ph.e_factor * nbytes / (self.comm.op_bw_factor or {}).get(ph.op, 1.0)
             latency = (us_to_s(self.comm.launch_us)
                        + ph.steps * (load.hop_latency_s + us_to_s(self.comm.step_latency_us)))
             demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..hardware import Hardware
-from .links import GLOBAL, LEAF_UP, NIC, NVLINK
+from .links import GLOBAL, LEAF_UP, NIC, NVLINK, SWITCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +40,11 @@ class RingLoad:
 LinkIndex = Callable[[str, int, int], int]
 
 
-def ring_load(hw: Hardware, instances: Sequence[Sequence[int]], link_index: LinkIndex) -> RingLoad:
-    """Aggregate loads of ring instances (each a tuple of global ranks)."""
+def ring_load(hw: Hardware, instances: Sequence[Sequence[int]], link_index: LinkIndex,
+              switch: bool | None = None) -> RingLoad:
+    """Aggregate loads of ring instances (each a tuple of global ranks). `switch` adds the
+    load on leaf switches' aggregate capacity (default: when the hardware limits it)."""
+    switch = hw.switch_Bps > 0 if switch is None else switch
     g = hw.gpus_per_node
     total: dict[int, float] = defaultdict(float)  # class -> bytes per E (demand-weighted)
     used: dict[int, set] = defaultdict(set)  # class -> physical links used (nodes, leaves)
@@ -85,6 +88,10 @@ def ring_load(hw: Hardware, instances: Sequence[Sequence[int]], link_index: Link
                 total[c] += 1.0 / k
                 used[c].add(n)
             kind_bytes[NIC] += 1.0
+            if switch:  # ... all forwarded by its leaf switch
+                c = link_index(SWITCH, -1, 0)
+                total[c] += 1.0
+                used[c].add(hw.fabric_position(n) // hw.nodes_per_leaf)
         hop_s = max(hop_s, hw.nic_latency_s + hw.switch_latency_s)
         if hw.fabric == "ideal":
             continue

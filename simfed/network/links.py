@@ -13,6 +13,9 @@ from dataclasses import dataclass
 # Kinds, also the keys of the `bytes_by_link` report.
 NVLINK, NIC, LEAF_UP, GLOBAL = "nvlink", "inter_node", "leaf_uplink", "global"
 LINK_KINDS = (NVLINK, NIC, LEAF_UP, GLOBAL)
+# A leaf switch's aggregate forwarding capacity (all inter-node egress of its nodes): not a
+# byte-accounting kind (those bytes are already counted as inter_node)
+SWITCH = "switch"
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,9 @@ class FabricSpec:
         doc="packed: job nodes fill leaves/groups in order; spread: round-robin over them",
     )
     switch_latency_us: float = param(0.5, ge=0, doc="added per switch hop")
+    switch_capacity_Gbps: float = param(
+        0.0, ge=0, doc="aggregate forwarding capacity of a leaf switch for the inter-node "
+        "traffic of its nodes (0 = non-blocking); e.g. a software bridge")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +144,9 @@ class ComputeRuntime:
         0.0, ge=0, doc="fixed device time per unit forward (framework overhead; CPU ranks)")
     unit_overhead_backward_us: float = param(0.0, ge=0, doc="... per unit backward")
     optimizer_overhead_us: float = param(0.0, ge=0, doc="fixed time per optimizer step")
+    fedavg_local_GBps: float = param(
+        0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
+        "averaged buffer per second (0 = free)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,6 +162,15 @@ class CommRuntime:
     reduce_scatter_impl: str = param(
         "reduce_scatter", choices=("reduce_scatter", "all_reduce"),
         doc="gloo implements reduce-scatter as a full all-reduce of the input")
+    op_bw_factor: dict[str, float] = param(
+        None, doc="per collective implementation: achieved / modelled bandwidth (e.g. gloo's "
+        "all-gather moves its bytes slower than its all-reduce); missing ops: 1.0")
+
+    def __post_init__(self) -> None:
+        for op, f in (self.op_bw_factor or {}).items():
+            if op not in ("all_gather", "reduce_scatter", "all_reduce") or not f > 0:
+                raise SpecError(f"runtime.comm.op_bw_factor.{op}: expected a collective "
+                                f"name with a factor > 0, got {f!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,6 +305,7 @@ class ValidationShape:
 @dataclass(frozen=True, kw_only=True)
 class ValidationSpec:
     shapes: tuple[ValidationShape, ...] = ()
+    repeats: int = param(1, ge=1, doc="end-to-end launches per shape (the median is compared)")
     bench_sets: tuple[dict[str, Any], ...] = param(
         (), doc="extra overrides to run the compute benchmarks at (e.g. other model sizes)")
 

@@ -144,7 +144,7 @@ def test_loopback_bench_writes_every_case(tmp_path):
 
 
 def test_auto_sizes_are_the_models_unit_shard_and_fedavg_sizes():
-    scn = load_scenario("scenarios/testbed-validate.yaml")
+    scn = load_scenario("scenarios/testbed.yaml")
     sizes = bench.auto_sizes(scn)
     root, layer = (u.nbytes for u in scn.model.units(scn.training.seq_len)[:2])
     assert sizes[0] == bench.LATENCY_NBYTES and sizes == sorted(set(sizes))
@@ -216,10 +216,10 @@ def test_summary_of_units_optimizer_and_fedavg(tmp_path):
 def test_unit_and_optimizer_bench_of_the_tiny_model(tmp_path):
     out = tmp_path / "units"
     result = CliRunner().invoke(bench_command, [
-        "scenarios/testbed.yaml", "--nproc", "2", "--out", str(out), "--skip",
+        "scenarios/testbed-tiny.yaml", "--nproc", "2", "--out", str(out), "--skip",
         "comm,compute,checks", "--unit-iters", "4", "--opt-iters", "2", "--timeout-s", "120"])
     assert result.exit_code == 0, result.output + (out / "launch.log").read_text()[-3000:]
-    scn = load_scenario("scenarios/testbed.yaml")
+    scn = load_scenario("scenarios/testbed-tiny.yaml")
     specs = scn.model.units(scn.training.seq_len)
     tokens = scn.training.micro_batch * scn.training.seq_len
     s = json.loads((out / "bench-summary.json").read_text())

@@ -47,7 +47,7 @@ def prefix(tmp_path, monkeypatch):
 
 
 def test_spec_from_the_testbed_scenario():
-    spec = TestbedSpec.from_scenario(load_scenario(ROOT / "scenarios/testbed.yaml"))
+    spec = TestbedSpec.from_scenario(load_scenario(ROOT / "scenarios/testbed-tiny.yaml"))
     assert (spec.nodes, spec.ranks_per_node, spec.world) == (2, 2, 4)
     assert spec.rate_Gbps == pytest.approx(0.5)  # nics.bw_Gbps 0.5 x count 1
     assert spec.latency_us == 0.0  # netem is opt-in
@@ -89,7 +89,7 @@ def test_refuses_without_root(monkeypatch, prefix):
     with pytest.raises(TestbedError, match=r"needs root .* \(euid is 1000\)"):
         Testbed(nodes=2, rate_Gbps=0.5, prefix=prefix).up()
     result = CliRunner().invoke(tbmod.testbed_group,
-                                ["up", str(ROOT / "scenarios/testbed.yaml"), "--prefix", prefix])
+                                ["up", str(ROOT / "scenarios/testbed-tiny.yaml"), "--prefix", prefix])
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: realrun testbed needs root")
