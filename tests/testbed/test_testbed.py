@@ -88,8 +88,8 @@ def test_refuses_without_root(monkeypatch, prefix):
     before = list_namespaces() if UNAVAILABLE is None else []
     with pytest.raises(TestbedError, match=r"needs root .* \(euid is 1000\)"):
         Testbed(nodes=2, rate_Gbps=0.5, prefix=prefix).up()
-    result = CliRunner().invoke(tbmod.testbed_group,
-                                ["up", str(ROOT / "scenarios/testbed-tiny.yaml"), "--prefix", prefix])
+    tiny = str(ROOT / "scenarios/testbed-tiny.yaml")
+    result = CliRunner().invoke(tbmod.testbed_group, ["up", tiny, "--prefix", prefix])
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: realrun testbed needs root")
