@@ -60,10 +60,12 @@ _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--algorithm", "-a", "algorithms", multiple=True,
               help="Simulate only these algorithms (names or labels).")
 @click.option("--seed", type=int, default=None, help="Override the scenario seed.")
+@click.option("--profile", type=click.Path(dir_okay=False),
+              help="A calibrated profile (simfed calibrate) merged over the scenario.")
 @click.option("--quiet", "-q", is_flag=True, help="No table on stdout.")
 @_SET
 def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps: int | None,
-        algorithms: tuple[str, ...], seed: int | None, quiet: bool,
+        algorithms: tuple[str, ...], seed: int | None, profile: str | None, quiet: bool,
         sets: tuple[str, ...]) -> None:
     """Simulate every algorithm of SCENARIO and compare them."""
     from .analysis.report import print_report, write_json, write_traces
@@ -73,7 +75,7 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
     overrides = parse_sets(sets)
     if seed is not None:
         overrides["seed"] = seed
-    scn = load_scenario(scenario, overrides)
+    scn = load_scenario(scenario, overrides, profile=profile)
     out, spans = simulate(scn, algorithms=list(algorithms) or None, trace=bool(trace_dir),
                           trace_steps=trace_steps)
     if not quiet:

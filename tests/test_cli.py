@@ -59,3 +59,16 @@ def test_bad_set_value():
                                     "-q"])
     assert res.exit_code == 2
     assert "group_nodes: 3 does not divide the cluster's 2 nodes" in res.output
+
+
+def test_run_with_a_profile_uses_its_numbers(tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text("cluster: {node: {nics: {bw_Gbps: 1.0}}}\nruntime: {comm: {launch_us: 0}}\n")
+    fast, slow = tmp_path / "fast.json", tmp_path / "slow.json"
+    assert CliRunner().invoke(main, ["run", TINY, "-q", "--json", str(fast)]).exit_code == 0
+    res = CliRunner().invoke(main, ["run", TINY, "-q", "--json", str(slow), "--profile",
+                                    str(prof)])
+    assert res.exit_code == 0, res.output
+    f = json.loads(fast.read_text())["algorithms"][0]["step_time_s"]
+    s = json.loads(slow.read_text())["algorithms"][0]["step_time_s"]
+    assert s > f  # 1 Gb/s rails instead of the fixture's 10 Gb/s
