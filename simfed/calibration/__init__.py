@@ -74,26 +74,20 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
             else 0.0
         cluster["node"].setdefault("nics", {})["latency_us"] = round(max(v - sw, 0.0), 3)
         note("cluster.node.nics.latency_us", comm, "nic_step_latency_us")
-    v = _val(comm, "nvlink_bw_GBps")
-    if v is not None:
-        eff = v / node.nvlink.bw_GBps
-        if eff <= 1.0:
-            runtime["comm"]["nvlink_efficiency"] = round(eff, 5)
-            note("runtime.comm.nvlink_efficiency", comm, "nvlink_bw_GBps")
+    for param, part, key, nominal, eff_key in (
+        ("nvlink_bw_GBps", "nvlink", "bw_GBps", node.nvlink.bw_GBps, "nvlink_efficiency"),
+        ("nic_bw_Gbps", "nics", "bw_Gbps", node.nics.bw_Gbps, "nic_efficiency"),
+    ):
+        v = _val(comm, param)
+        if v is None:
+            continue
+        if v <= nominal:  # an efficiency against the datasheet figure
+            runtime["comm"][eff_key] = round(v / nominal, 5)
+            note(f"runtime.comm.{eff_key}", comm, param)
         else:  # faster than the nominal figure: the nominal figure was a placeholder
-            cluster["node"].setdefault("nvlink", {})["bw_GBps"] = round(v, 5)
-            runtime["comm"]["nvlink_efficiency"] = 1.0
-            note("cluster.node.nvlink.bw_GBps", comm, "nvlink_bw_GBps")
-    v = _val(comm, "nic_bw_Gbps")
-    if v is not None:
-        eff = v / node.nics.bw_Gbps
-        if eff <= 1.0:
-            runtime["comm"]["nic_efficiency"] = round(eff, 5)
-            note("runtime.comm.nic_efficiency", comm, "nic_bw_Gbps")
-        else:
-            cluster["node"].setdefault("nics", {})["bw_Gbps"] = round(v, 5)
-            runtime["comm"]["nic_efficiency"] = 1.0
-            note("cluster.node.nics.bw_Gbps", comm, "nic_bw_Gbps")
+            cluster["node"].setdefault(part, {})[key] = round(v, 5)
+            runtime["comm"][eff_key] = 1.0
+            note(f"cluster.node.{part}.{key}", comm, param)
 
     v = _val(comm, "switch_capacity_Gbps")
     if v is not None:

@@ -204,6 +204,16 @@ class Simulation:
         if ev is not None:
             ev.succeed()
 
+    def _time_of(self, st: ActorState, table: int, step: int, idx: int
+                 ) -> Iterator[simpy.Event]:
+        """The time an op was issued or done, waiting only if nobody has determined it yet
+        (use as `t = yield from self._time_of(...)`)."""
+        t = self._known(st, table, step, idx)
+        if t == _INF:
+            yield self._wait(st, table, step, idx)
+            t = (st.issued if table == _ISSUED else st.done)[step][idx]
+        return t
+
     def _program(self, step: int) -> Program:
         return self.programs[step in self.aggregate_steps]
 
@@ -220,18 +230,10 @@ class Simulation:
             for op in prog.ops:
                 h += op.host_s
                 if op.host_waits >= 0:  # FSDP1 rate limiter: an older buffer must be freed
-                    t = self._known(st, _DONE, step, op.host_waits)
-                    if t == _INF:
-                        yield self._wait(st, _DONE, step, op.host_waits)
-                        t = st.done[step][op.host_waits]
-                    h = max(h, t)
+                    h = max(h, (yield from self._time_of(st, _DONE, step, op.host_waits)))
                 if op.kind == SYNC:
                     for w in op.waits:
-                        t = self._known(st, _DONE, step, w)
-                        if t == _INF:
-                            yield self._wait(st, _DONE, step, w)
-                            t = st.done[step][w]
-                        h = max(h, t)
+                        h = max(h, (yield from self._time_of(st, _DONE, step, w)))
                     st.issued[step][op.idx] = st.started[step][op.idx] = h
                     st.done[step][op.idx] = h
                     continue
@@ -263,24 +265,12 @@ class Simulation:
         for step in range(self.steps):
             prog = self._program(step)
             for op in prog.stream_ops[stream]:
-                t = self._known(st, _ISSUED, step, op.idx)
-                if t == _INF:
-                    yield self._wait(st, _ISSUED, step, op.idx)
-                    t = st.issued[step][op.idx]
-                start = max(free, t)
+                start = max(free, (yield from self._time_of(st, _ISSUED, step, op.idx)))
                 for d in op.deps:
-                    t = self._known(st, _DONE, step, d)
-                    if t == _INF:
-                        yield self._wait(st, _DONE, step, d)
-                        t = st.done[step][d]
-                    start = max(start, t)
+                    start = max(start, (yield from self._time_of(st, _DONE, step, d)))
                 if op.after_prev_step and step > 0:
                     last = self._program(step - 1).last
-                    t = self._known(st, _DONE, step - 1, last)
-                    if t == _INF:
-                        yield self._wait(st, _DONE, step - 1, last)
-                        t = st.done[step - 1][last]
-                    start = max(start, t)
+                    start = max(start, (yield from self._time_of(st, _DONE, step - 1, last)))
                 st.started[step][op.idx] = start
                 if op.kind == COMPUTE:
                     end = start + op.duration_s * factors[step]

@@ -12,6 +12,8 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..analysis.report import fmt_s
+
 DPI = 110
 FORMATS = ("png", "svg")
 
@@ -92,12 +94,7 @@ def param(row: Mapping[str, Any], key: str) -> Any:
     return cur
 
 
-def fmt_seconds(t: float) -> str:
-    if t >= 100:
-        return f"{t:,.0f} s"
-    if t >= 1:
-        return f"{t:.2f} s"
-    return f"{t * 1e3:.0f} ms" if t >= 1e-3 else f"{t * 1e6:.0f} us"
+fmt_seconds = fmt_s  # one formatting of durations for tables and figures
 
 
 def fmt_count(n: float) -> str:
