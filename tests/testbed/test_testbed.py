@@ -206,8 +206,11 @@ def test_down_is_idempotent_and_removes_leftovers(prefix):
 
 
 HOLDER = """
-import sys, time
+import signal, sys, time
 from realrun.testbed import Testbed
+# a Ctrl-C raises KeyboardInterrupt even where the runner started us with SIGINT ignored (a
+# background job of a non-interactive shell inherits SIG_IGN)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 with Testbed(nodes=2, rate_Gbps=0.5, prefix=sys.argv[1]):
     print("up", flush=True)
     time.sleep(60)
