@@ -277,6 +277,21 @@ def fit_optimizer(scn: Scenario, samples: Samples) -> FitResult:
     return res
 
 
+def _through_origin(res: FitResult, xs: list[float], ts: list[float], labels: list[str]
+                    ) -> tuple[float, float]:
+    """Least squares t = k x through the origin; records residuals; returns (k, its std err)."""
+    x = np.array(xs, dtype=float)
+    t = np.array(ts, dtype=float)
+    k = float(np.sum(x * t) / np.sum(x * x))
+    dof = max(1, len(x) - 1)
+    se = math.sqrt(float(np.sum((t - k * x) ** 2)) / dof / float(np.sum(x * x)))
+    for xi, ti, label in zip(x, t, labels, strict=True):
+        pred = k * xi
+        res.residuals.append({"label": label, "measured_s": float(ti), "predicted_s": float(pred),
+                              "rel_error": float((pred - ti) / ti)})
+    return k, se
+
+
 def fit_fedavg(samples: Samples) -> FitResult:
     """FedAvg's local work: time = bytes / bandwidth (least squares through the origin)."""
     res = FitResult(kind="fedavg_local")
@@ -284,18 +299,10 @@ def fit_fedavg(samples: Samples) -> FitResult:
     if not pts:
         res.note = "no FedAvg samples: its local work is taken as free"
         return res
-    b = np.array([p.nbytes for p in pts])
-    t = np.array([p.time_s for p in pts])
-    s_per_byte = float(np.sum(b * t) / np.sum(b * b))
-    dof = max(1, len(pts) - 1)
-    se = math.sqrt(float(np.sum((t - s_per_byte * b) ** 2)) / dof / float(np.sum(b * b)))
+    s_per_byte, se = _through_origin(res, [p.nbytes for p in pts], [p.time_s for p in pts],
+                                     [f"fedavg local {p.nbytes:.3g} B" for p in pts])
     bw = 1e-9 / s_per_byte
     res.params.append(Param("fedavg_local_GBps", bw, _ci(bw, 1e-9 * se / s_per_byte**2), "GB/s"))
-    for p, bi in zip(pts, b, strict=True):
-        pred = s_per_byte * bi
-        res.residuals.append({"label": f"fedavg local {bi:.3g} B", "measured_s": p.time_s,
-                              "predicted_s": float(pred),
-                              "rel_error": float((pred - p.time_s) / p.time_s)})
     return res
 
 
@@ -311,15 +318,7 @@ def fit_checks(samples: Samples) -> FitResult:
     if not pts:
         res.note = "no debug-check samples: host check constants left as in the scenario"
         return res
-    x = np.array([check_units(c.group_size) for c in pts], dtype=float)
-    t = np.array([c.time_s for c in pts])
-    hop = float(np.sum(x * t) / np.sum(x * x))  # least squares through the origin
-    dof = max(1, len(pts) - 1)
-    se = math.sqrt(float(np.sum((t - hop * x) ** 2)) / dof / float(np.sum(x * x)))
+    hop, se = _through_origin(res, [check_units(c.group_size) for c in pts],
+                              [c.time_s for c in pts], [f"check p={c.group_size}" for c in pts])
     res.params.append(Param("gloo_hop_us", hop * 1e6, _ci(hop * 1e6, se * 1e6), "us"))
-    for c, xi in zip(pts, x, strict=True):
-        pred = hop * xi
-        res.residuals.append({"label": f"check p={c.group_size}", "measured_s": c.time_s,
-                              "predicted_s": float(pred),
-                              "rel_error": float((pred - c.time_s) / c.time_s)})
     return res
