@@ -53,9 +53,8 @@ def _fmt_sets(sets: dict[str, Any]) -> list[str]:
 
 @dataclass
 class Runner:
-    """Runs realrun commands (a subprocess per step), logging to the output folder."""
+    """Runs realrun commands (a subprocess per step), each logging to its own file."""
 
-    out: Path
     echo: Callable[[str], None]
     timeout_s: float = 1800.0
 
@@ -121,7 +120,7 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
              reuse: bool = True, skip_runs: bool = False) -> dict[str, Any]:
     scn = load_scenario(scenario)
     shapes = scn.validation.shapes or default_shapes(scn)
-    runner = Runner(out, echo)
+    runner = Runner(echo)
     out.mkdir(parents=True, exist_ok=True)
     needs_root = not skip_runs
     # ---- 1. benchmarks

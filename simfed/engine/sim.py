@@ -90,7 +90,6 @@ class Simulation:
         self._coll_cache: dict[tuple, CollectivePlan] = {}
         self._rv: dict[tuple, _Rendezvous] = {}
         self.bytes_by_kind = dict.fromkeys(LINK_KINDS, 0.0)
-        self.collectives_run = 0
         self.states = [ActorState(index=a.index) for a in part.actors]
         self._private_links = self._find_private_links()
         # per process-group kind: host debug-check cost (instances of a kind have one size)
@@ -320,7 +319,6 @@ class Simulation:
     def _launch(self, rv: _Rendezvous, op: Op, comp: int) -> None:
         """Everyone has joined (at rv.latest): run the collective."""
         plan = self.collective(op.pg, comp, op.coll, op.nbytes)
-        self.collectives_run += 1
         for k, b in plan.bytes_by_kind.items():
             self.bytes_by_kind[k] += b
         if plan.private:

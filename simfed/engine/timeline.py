@@ -115,6 +115,7 @@ def actor_spans(sim: Simulation, actor: int, steps: int) -> list[Span]:
     a = sim.part.actors[actor]
     attrs = {"actor": actor, "ranks": a.multiplicity}
     spans = []
+    bounds = step_bounds(sim, actor)
     for step in range(min(steps, sim.steps)):
         for op in sim._program(step).ops:
             i = op.idx
@@ -135,7 +136,7 @@ def actor_spans(sim: Simulation, actor: int, steps: int) -> list[Span]:
                                   step=step, start_s=end - st.check_s[step][i],
                                   dur_s=st.check_s[step][i], group=op.pg, stream="host",
                                   attrs=dict(attrs)))
-        row = step_bounds_row(sim, actor, step)
+        row = bounds[step]
         names = ("other", "forward", "backward", "optimizer", "aggregation")
         for k, name in enumerate(names):
             if row[k + 1] > row[k]:
@@ -145,9 +146,3 @@ def actor_spans(sim: Simulation, actor: int, steps: int) -> list[Span]:
                           start_s=row[0], dur_s=row[-1] - row[0], stream="step"))
     return spans
 
-
-def step_bounds_row(sim: Simulation, actor: int, step: int) -> list[float]:
-    cache = sim.__dict__.setdefault("_bounds_cache", {})
-    if actor not in cache:
-        cache[actor] = step_bounds(sim, actor)
-    return cache[actor][step]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .algorithms import AlgorithmInfo, algorithm_info
+from .algorithms import algorithm_info
 from .schema import SpecError
 
 # Process-group kinds, also the mesh dimension names of realrun's DeviceMesh.
@@ -165,7 +165,7 @@ class ParallelPlan:
             return tuple(self.rank_of(i, r, s) for i in range(self.groups))
         raise SpecError(f"plan: unknown process-group kind {kind!r}; valid: {', '.join(PG_KINDS)}")
 
-    def describe(self, info: AlgorithmInfo | None = None) -> str:
+    def describe(self) -> str:
         return (
             f"{self.nodes} nodes x {self.gpus_per_node} GPUs: {self.groups} group(s) x "
             f"replicate {self.replicate} x shard {self.shard}"
