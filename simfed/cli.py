@@ -192,7 +192,9 @@ def validate(scenario: Path, out: Path, json_path: Path | None, fresh: bool,
                     ("forward", "backward", "optimizer", "aggregation")])
     console.print(t)
     for s in res["speedups"]:
-        console.print(f"  speedup {s['name']}: measured {s['measured']:.2f}x, predicted "
+        spread = s.get("measured_launches") or [s["measured"]]
+        console.print(f"  speedup {s['name']}: measured {s['measured']:.2f}x (launches "
+                      f"{min(spread):.2f}-{max(spread):.2f}x), predicted "
                       f"{s['predicted']:.2f}x ({100 * s['error']:+.1f}%)", highlight=False)
     sm = res["summary"]
     console.print(f"  median |error| {100 * sm['median_abs_error']:.1f}% over {sm['runs']} runs; "

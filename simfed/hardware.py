@@ -36,6 +36,7 @@ class Hardware:
     placement: str
     switch_latency_s: float
     switch_Bps: float = 0.0  # leaf switch aggregate capacity (0: non-blocking)
+    ranks_per_core: float = 1.0  # CPU testbeds: ranks sharing a host core when all run
 
     @classmethod
     def from_spec(cls, cluster: ClusterSpec, runtime: RuntimeSpec) -> Hardware:
@@ -64,6 +65,7 @@ class Hardware:
             placement=f.placement,
             switch_latency_s=us_to_s(f.switch_latency_us),
             switch_Bps=gbps_to_Bps(f.switch_capacity_Gbps),
+            ranks_per_core=cluster.ranks_per_core,
         )
 
     @property

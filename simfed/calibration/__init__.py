@@ -59,6 +59,9 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
         if key in samples.meta:
             runtime["comm"][key] = samples.meta[key]
             prov[f"runtime.comm.{key}"] = f"backend facts recorded by the benchmark ({srcs})"
+    if samples.meta.get("host_cores"):  # a testbed on one host: its ranks share these cores
+        cluster["host_cores"] = int(samples.meta["host_cores"])
+        prov["cluster.host_cores"] = f"the testbed host, recorded by the benchmark ({srcs})"
     v = _val(comm, "launch_us")
     if v is not None:
         runtime["comm"]["launch_us"] = round(v, 3)
@@ -96,11 +99,22 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
         cap = round(v, 4) if v < 4 * inject else 0.0
         cluster.setdefault("fabric", {})["switch_capacity_Gbps"] = cap
         note("cluster.fabric.switch_capacity_Gbps", comm, "switch_capacity_Gbps")
-    factors = {p.name.removeprefix("bw_factor_"): round(p.value, 5) for p in comm.params
-               if p.name.startswith("bw_factor_")}
+    factors: dict[str, dict[str, float]] = {}
+    for p in comm.params:
+        if p.name.startswith("bw_factor_"):
+            op, dom = p.name.removeprefix("bw_factor_").rsplit("_", 1)
+            factors.setdefault(op, {})[dom] = round(p.value, 5)
     if factors:
         runtime["comm"]["op_bw_factor"] = factors
         note("runtime.comm.op_bw_factor", comm)
+    host: dict[str, dict[str, float]] = {}
+    for p in comm.params:
+        if p.name.startswith("host_us_per_MB_"):
+            op, dom = p.name.removeprefix("host_us_per_MB_").rsplit("_", 1)
+            host.setdefault(op, {})[dom] = round(p.value, 3)
+    if host:
+        runtime["comm"]["op_host_us_per_MB"] = host
+        note("runtime.comm.op_host_us_per_MB", comm)
 
     # ---- compute: rate = peak x efficiency; the peak moves up if measured faster
     rates = {ph: _val(units, f"{ph}_flops_per_s") for ph in ("forward", "backward")}

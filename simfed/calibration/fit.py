@@ -91,7 +91,15 @@ class _CommFeature:
     sw_bytes: float  # bytes through the busiest leaf switch (all its nodes' egress)
     measured: float
     label: str
-    op: str  # the implementation whose bandwidth factor applies
+    op: str  # the collective asked for, whose bandwidth factor applies
+    ring_bytes: float = 0.0  # E: bytes each rank moves (the host per-byte term's measure)
+    link_Gbps: float = 0.0  # the inter-node link rate it ran at (nic_bytes are scaled to it)
+    ranks_per_core: float = 1.0  # host work per byte is shared out over the cores
+
+    @property
+    def domain(self) -> str:
+        """Where its bandwidth factor applies: inside one node or across nodes."""
+        return "inter" if self.inter else "intra"
 
 
 def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_CommFeature]:
@@ -109,24 +117,27 @@ def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_Com
             return index.setdefault((kind, sub if node >= 0 else -1), len(index))
 
         steps = 0
-        nv = nic = sw = 0.0
+        nv = nic = sw = ring = 0.0
         inter = False
-        phases = impl(s.op, s.instances, s.gpus_per_node)
+        phases = impl(s.run_op, s.instances, s.gpus_per_node)
+        # NIC bytes in units of the scenario's link rate (a sample at half the rate counts double)
+        rate_scale = (scn.cluster.node.nics.bw_Gbps / s.link_Gbps) if s.link_Gbps > 0 else 1.0
         for ph in phases:
             load = ring_load(hw, ph.instances, link_index, switch=True)
             steps += ph.steps
             e_bytes = ph.e_factor * s.nbytes
+            ring += e_bytes
             kinds = {v: k[0] for k, v in index.items()}
             for c, d in load.demand_per_E.items():
                 if kinds[c] == NVLINK:
                     nv = max(nv, d * e_bytes)
                 elif kinds[c] == NIC:
-                    nic = max(nic, d * e_bytes)
+                    nic = max(nic, d * e_bytes * rate_scale)
                     inter = True
                 elif kinds[c] == SWITCH:
                     sw = max(sw, d * e_bytes)
         feats.append(_CommFeature(steps, inter, len(phases), nv, nic, sw, s.time_s, s.label,
-                                  s.op))
+                                  s.op, ring, s.link_Gbps, s.ranks_per_core))
     return feats
 
 
@@ -141,10 +152,16 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
     has_intra = any(f.nv_bytes > 0 for f in feats)
     has_inter = any(f.inter for f in feats)
     n = scn.cluster.node
-    # per-implementation bandwidth factors, relative to all-reduce (or the most common op)
+    # per-implementation bandwidth factors, relative to all-reduce (or the most common op),
+    # inside a node and across nodes apart (gloo's loopback copies are not its TCP streams)
     ops = sorted({f.op for f in feats})
     ref = "all_reduce" if "all_reduce" in ops else ops[0]
-    others = [o for o in ops if o != ref]
+    others = sorted({(f.op, f.domain) for f in feats if f.op != ref})
+    # a host time per byte that does not scale with the link rate (CPU copies, reductions, the
+    # kernel's network stack on the node's cores) is told apart from the wire time only by
+    # samples at two or more link rates: then every op gets one across nodes
+    rates = {f.link_Gbps for f in feats if f.inter}
+    host_ops = sorted({f.op for f in feats if f.inter}) if len(rates) > 1 else []
     # a leaf switch's aggregate capacity is identifiable only if some samples load it harder
     # (more nodes sending at once) than others
     sw_ratio = {round(f.sw_bytes / f.nic_bytes, 6) for f in feats if f.nic_bytes > 0}
@@ -153,18 +170,26 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
     # s_per_byte_switch, and 1 / bandwidth factor of every other op
     x0 = np.array([1e-5, 1e-5, 1e-5, 1 / (n.nvlink.bw_GBps * 1e9), 8 / (n.nics.bw_Gbps * 1e9),
                    # start the switch where it binds (twice a node's rate), or max() hides it
-                   0.5 * 8 / (n.nics.bw_Gbps * 1e9)] + [1.0] * len(others))
+                   0.5 * 8 / (n.nics.bw_Gbps * 1e9)] + [1.0] * len(others)
+                  + [2e-8] * len(host_ops))  # host-bound from the start: max() hides it
     free = [True, has_intra, has_inter, has_intra, has_inter, has_switch] \
-        + [True] * len(others)
+        + [True] * len(others) + [True] * len(host_ops)
     if not has_switch:
         x0[5] = 0.0
     slow_ix = {o: 6 + i for i, o in enumerate(others)}
+    host_ix = {o: 6 + len(others) + i for i, o in enumerate(host_ops)}
 
     def model(x: np.ndarray, f: _CommFeature) -> float:
         hop = x[2] if f.inter else x[1]
-        slow = x[slow_ix[f.op]] if f.op in slow_ix else 1.0
+        key = (f.op, f.domain)
+        slow = x[slow_ix[key]] if key in slow_ix else 1.0
+        host = (x[host_ix[f.op]] * f.ring_bytes * f.ranks_per_core
+                if f.inter and f.op in host_ix else 0.0)
+        # the host's work overlaps the wire's: the slower of the two (as the simulator's
+        # per-communicator host resource)
         return (f.phases * x[0] + f.steps * hop
-                + slow * max(f.nv_bytes * x[3], f.nic_bytes * x[4], f.sw_bytes * x[5]))
+                + max(host, slow * max(f.nv_bytes * x[3], f.nic_bytes * x[4],
+                                       f.sw_bytes * x[5])))
 
     idx = [i for i, fr in enumerate(free) if fr]
 
@@ -174,8 +199,10 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
         return np.array([(model(x, f) - f.measured) / f.measured for f in feats])
 
     scale = x0[idx]
+    # robust (soft L1 beyond 10%): a case that hit a TCP loss-and-backoff on the tc-limited
+    # links, or a scheduler hiccup on a shared core, must not drag the fit
     sol = optimize.least_squares(lambda z: resid(z * scale), np.ones(len(idx)),
-                                 bounds=(0, np.inf), x_scale="jac")
+                                 bounds=(0, np.inf), x_scale="jac", loss="soft_l1", f_scale=0.1)
     z = sol.x * scale
     x = x0.copy()
     x[idx] = z
@@ -200,10 +227,13 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
             # delta method: d(1/x) = dx / x^2
             se_bw = conv * se_full[i] / x[i] ** 2
             res.params.append(Param(name, bw, _ci(bw, se_bw), name.rsplit("_", 1)[1]))
-    for op, i in slow_ix.items():  # factor = 1 / slowdown
+    for (op, dom), i in slow_ix.items():  # factor = 1 / slowdown
         fac = 1.0 / x[i] if x[i] > 0 else float("inf")
-        res.params.append(Param(f"bw_factor_{op}", fac,
+        res.params.append(Param(f"bw_factor_{op}_{dom}", fac,
                                 _ci(fac, se_full[i] / x[i] ** 2 if x[i] > 0 else np.nan), ""))
+    for op, i in host_ix.items():  # s per byte -> us per MB
+        res.params.append(Param(f"host_us_per_MB_{op}_inter", x[i] * 1e12,
+                                _ci(x[i] * 1e12, se_full[i] * 1e12), "us/MB"))
     for f in feats:
         pred = model(x, f)
         res.residuals.append({"label": f.label, "measured_s": f.measured,

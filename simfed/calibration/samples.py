@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..spec.scenario import ranks_per_core
 from ..spec.schema import SpecError
 from ..spec.trace import read_trace
 
@@ -31,7 +32,7 @@ _DTYPE_BYTES = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2
 class CommSample:
     """One collective: `instances` ran at once (concurrent groups), S = nbytes each."""
 
-    op: str  # as executed (gloo's reduce-scatter recorded as all_reduce)
+    op: str  # as asked for (its bandwidth factor)
     instances: tuple[tuple[int, ...], ...]
     nbytes: int
     time_s: float
@@ -39,6 +40,13 @@ class CommSample:
     gpus_per_node: int
     source: str
     label: str = ""
+    impl_op: str = ""  # as executed, when it differs (gloo: reduce-scatter as all_reduce)
+    link_Gbps: float = 0.0  # the inter-node link rate it ran at (0: the scenario's)
+    ranks_per_core: float = 1.0  # most of its ranks one host core carried (CPU testbeds)
+
+    @property
+    def run_op(self) -> str:
+        return self.impl_op or self.op
 
 
 @dataclass(frozen=True)
@@ -123,15 +131,24 @@ def read_bench(path: Path) -> Samples:
         "all_reduce" if "allreduce" in str(impl.get("reduce_scatter", "")) else "reduce_scatter")
     out.meta["overlap_compute"] = not str(meta.get("overlap", "")).startswith("none")
     out.meta["backend"] = meta.get("backend", "")
+    # a testbed's ranks share the host's cores: each node's pinned to `cores` of `host_cores`
+    # (unpinned, off the testbed: all ranks share all of the host's cores)
+    cores = int(meta.get("cores", 0)) if meta.get("network") == "testbed" else 0
+    host_cores = int(meta.get("host_cores", 0))
+    if cores and host_cores:
+        out.meta["host_cores"] = host_cores
     for row in data.get("comm", []):
         op = row["op"]
-        if op == "reduce_scatter" and out.meta["reduce_scatter_impl"] == "all_reduce":
-            op = "all_reduce"
+        run_op = "all_reduce" if (op == "reduce_scatter"
+                                  and out.meta["reduce_scatter_impl"] == "all_reduce") else op
         insts = _bench_instances(row["group"], int(row["group_size"]),
                                  int(row.get("concurrent_groups", 1)), nodes, per_node)
         out.comm.append(CommSample(
             op=op, instances=insts, nbytes=int(row["nbytes"]), time_s=float(row["time_s"]),
-            world=world, gpus_per_node=per_node, source=src,
+            world=world, gpus_per_node=per_node, source=src, impl_op=run_op,
+            link_Gbps=float(meta.get("link_rate_Gbps") or 0.0),
+            ranks_per_core=ranks_per_core([r for i in insts for r in i], per_node, cores,
+                                          host_cores),
             label=f"{row['op']} {row['group']} p={row['group_size']} x{len(insts)} "
                   f"{int(row['nbytes'])} B"))
     for row in data.get("units", []):
@@ -171,11 +188,11 @@ def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
         ranks = s.attrs.get("ranks")
         if op is None or not ranks or len(ranks) < 2:
             continue
-        if gloo and op == "reduce_scatter":
-            op = "all_reduce"
+        run_op = "all_reduce" if gloo and op == "reduce_scatter" else op
         out.comm.append(CommSample(op=op, instances=(tuple(ranks),), nbytes=int(s.nbytes),
                                    time_s=s.dur_s, world=world, gpus_per_node=gpus_per_node,
-                                   source=str(path), label=f"{s.name} {s.group}"))
+                                   source=str(path), label=f"{s.name} {s.group}",
+                                   impl_op=run_op))
     if gloo:
         out.meta.update(reduce_scatter_impl="all_reduce", overlap_compute=False,
                         backend="gloo")

@@ -197,10 +197,6 @@ def build_program(
         avg = add(kind=COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
                   duration_s=t.fedavg_local_s)
         add(kind=SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
-    if comm is not None and comm.reduce_scatter_impl == "all_reduce":
-        for op in ops:  # gloo: a full all-reduce of the unsharded gradient, then slice
-            if op.coll == "reduce_scatter":
-                op.coll = "all_reduce"
     if comm is not None and not comm.overlap_compute:
         for op in ops:  # CPU collectives block the rank: one stream for everything
             if op.stream > 0:

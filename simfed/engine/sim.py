@@ -29,7 +29,7 @@ from ..collectives import collective_impl
 from ..hardware import Hardware
 from ..network.flow import FlowNetwork
 from ..network.geometry import RingLoad, ring_load
-from ..network.links import GLOBAL, LEAF_UP, LINK_KINDS, NIC, NVLINK, SWITCH, LinkClass
+from ..network.links import GLOBAL, HOST, LEAF_UP, LINK_KINDS, NIC, NVLINK, SWITCH, LinkClass
 from ..spec.plan import ParallelPlan
 from ..spec.scenario import CommRuntime, HostRuntime
 from ..spec.units import us_to_s
@@ -122,6 +122,12 @@ class Simulation:
         ):
             self._link_ix[(kind, -1, 0)] = len(links)
             links.append(LinkClass(len(links), kind, -1, cap, n))
+        # one host-work resource per communicator (its collectives run one at a time)
+        self._host_ix: dict[tuple[str, int], int] = {}
+        for kind, comps in sorted(part.components.items()):
+            for comp in comps:
+                self._host_ix[(kind, comp.index)] = len(links)
+                links.append(LinkClass(len(links), HOST, -1, 1.0, comp.size))
         return links
 
     def _link_index(self, kind: str, node: int, sub: int) -> int:
@@ -154,19 +160,31 @@ class Simulation:
             return plan
         component = self.part.components[kind][comp]
         impl = collective_impl(self.comm.collective)
+        # gloo has no reduce-scatter: realrun runs a full all-reduce of the input (its own
+        # bandwidth factor, keyed by the op asked for, carries the extra copies)
+        run_op = "all_reduce" if (op == "reduce_scatter"
+                                  and self.comm.reduce_scatter_impl == "all_reduce") else op
         phases = []
         kinds = dict.fromkeys(LINK_KINDS, 0.0)
         solo = 0.0
-        for i, ph in enumerate(impl(op, component.instances, self.hw.gpus_per_node)):
-            lkey = (kind, comp, op, i)  # phase i of `op` always spans the same instances
+        for i, ph in enumerate(impl(run_op, component.instances, self.hw.gpus_per_node)):
+            lkey = (kind, comp, run_op, i)  # phase i of `op` always spans the same instances
             load = self._loads.get(lkey)
             if load is None:
                 load = self._loads[lkey] = ring_load(self.hw, ph.instances, self._link_index)
             # bytes over the links, slowed by the implementation's achieved-bandwidth factor
-            e_bytes = ph.e_factor * nbytes / (self.comm.op_bw_factor or {}).get(ph.op, 1.0)
+            # (per op, inside a node or across nodes)
+            intra = not any(b > 0 for k, b in load.bytes_per_E.items() if k != NVLINK)
+            fop = op if ph.op == run_op else ph.op
+            e_bytes = ph.e_factor * nbytes / self.comm.bw_factor(fop, intra)
             latency = (us_to_s(self.comm.launch_us)
                        + ph.steps * (load.hop_latency_s + us_to_s(self.comm.step_latency_us)))
             demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
+            # host work per byte, on cores the ranks share when all run: overlaps the wire time
+            host_s = (ph.e_factor * nbytes * self.comm.host_s_per_byte(fop, intra)
+                      * self.hw.ranks_per_core)
+            if host_s > 0:
+                demand[self._host_ix[(kind, comp)]] = host_s
             phases.append((latency, demand))
             solo += latency + self.net.solo_time_s(demand)
             for k, b in load.bytes_per_E.items():

@@ -10,7 +10,7 @@ validation (used by sweeps and `--set`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,10 +93,40 @@ class ClusterSpec:
     nodes: int = param(ge=1)
     node: NodeSpec
     fabric: FabricSpec = FabricSpec()
+    host_cores: int = param(
+        0, ge=0, doc="an emulated cluster on one host (realrun testbed): the host's cores, "
+        "which node.cpu_cores per node are handed out over in turn; 0 = every node has its own")
 
     @property
     def world(self) -> int:
         return self.nodes * self.node.gpus
+
+    @property
+    def ranks_per_core(self) -> float:
+        """Most ranks one host core carries when every rank runs at once (1.0: a core each)."""
+        return ranks_per_core(range(self.world), self.node.gpus, self.node.cpu_cores,
+                              self.host_cores)
+
+
+def ranks_per_core(ranks: Iterable[int], gpus_per_node: int, cpu_cores: int,
+                   host_cores: int) -> float:
+    """Most of `ranks` one host core carries when they run at once, each node's ranks spread
+    over its `cpu_cores` cores, handed out in turn over `host_cores` (as `realrun testbed` pins
+    them); 1.0 at least (a rank never runs faster for having a core to itself)."""
+    if cpu_cores <= 0 and host_cores <= 0:
+        return 1.0
+    load: dict[int, float] = {}
+    for r in ranks:
+        node = r // gpus_per_node
+        if cpu_cores > 0:
+            n = min(cpu_cores, host_cores) if host_cores else cpu_cores
+            cores = {(node * cpu_cores + j) % host_cores if host_cores else node * cpu_cores + j
+                     for j in range(n)}
+        else:
+            cores = set(range(host_cores))
+        for c in cores:
+            load[c] = load.get(c, 0.0) + 1.0 / len(cores)
+    return max([1.0, *load.values()])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,15 +192,45 @@ class CommRuntime:
     reduce_scatter_impl: str = param(
         "reduce_scatter", choices=("reduce_scatter", "all_reduce"),
         doc="gloo implements reduce-scatter as a full all-reduce of the input")
-    op_bw_factor: dict[str, float] = param(
-        None, doc="per collective implementation: achieved / modelled bandwidth (e.g. gloo's "
-        "all-gather moves its bytes slower than its all-reduce); missing ops: 1.0")
+    op_bw_factor: dict[str, float | dict[str, float]] = param(
+        None, doc="per collective: achieved / modelled bandwidth, relative to all-reduce (gloo's "
+        "all-gather moves its bytes slower than its all-reduce; realrun's gloo reduce-scatter is "
+        "an all-reduce plus copies); a number, or {intra: f, inter: f} for collectives inside "
+        "one node (loopback / NVLink) and across nodes; missing: 1.0")
+
+    op_host_us_per_MB: dict[str, float | dict[str, float]] = param(
+        None, doc="per collective: host time per MB of its ring bytes that does not scale with "
+        "the link rate (CPU ranks: copies, reductions, the kernel's network stack on the node's "
+        "cores), added to the wire time; a number, or {intra: t, inter: t}; missing: 0")
 
     def __post_init__(self) -> None:
-        for op, f in (self.op_bw_factor or {}).items():
-            if op not in ("all_gather", "reduce_scatter", "all_reduce") or not f > 0:
-                raise SpecError(f"runtime.comm.op_bw_factor.{op}: expected a collective "
-                                f"name with a factor > 0, got {f!r}")
+        for key, ok in (("op_bw_factor", lambda v: v > 0), ("op_host_us_per_MB", lambda v: v >= 0)):
+            for op, f in (getattr(self, key) or {}).items():
+                where = f"runtime.comm.{key}.{op}"
+                if op not in ("all_gather", "reduce_scatter", "all_reduce"):
+                    raise SpecError(f"{where}: expected all_gather, reduce_scatter or all_reduce")
+                for dom, v in (f.items() if isinstance(f, dict) else [("", f)]):
+                    if dom not in ("", "intra", "inter"):
+                        raise SpecError(f"{where}.{dom}: expected intra or inter")
+                    if not ok(v):
+                        bound = "> 0" if key == "op_bw_factor" else ">= 0"
+                        raise SpecError(f"{where}{'.' + dom if dom else ''}: expected a number "
+                                        f"{bound}, got {v!r}")
+
+    @staticmethod
+    def _per_op(table: dict | None, op: str, intra: bool, default: float) -> float:
+        f = (table or {}).get(op, default)
+        if isinstance(f, dict):
+            return float(f.get("intra" if intra else "inter", default))
+        return float(f)
+
+    def bw_factor(self, op: str, intra: bool) -> float:
+        """Achieved-bandwidth factor of collective `op` inside a node (`intra`) or across."""
+        return self._per_op(self.op_bw_factor, op, intra, 1.0)
+
+    def host_s_per_byte(self, op: str, intra: bool) -> float:
+        """Link-rate-independent host seconds per ring byte of collective `op`."""
+        return self._per_op(self.op_host_us_per_MB, op, intra, 0.0) * 1e-12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,7 +367,8 @@ class ValidationSpec:
     shapes: tuple[ValidationShape, ...] = ()
     repeats: int = param(1, ge=1, doc="end-to-end launches per shape (the median is compared)")
     bench_sets: tuple[dict[str, Any], ...] = param(
-        (), doc="extra overrides to run the compute benchmarks at (e.g. other model sizes)")
+        (), doc="extra overrides to run the benchmarks at (other layouts, link rates, model "
+        "sizes); the key `skip` passes `realrun bench --skip` (e.g. skip: units,optimizer)")
 
 
 # ---------------------------------------------------------------------------------------------
