@@ -123,3 +123,98 @@ def test_missing_input_is_a_one_line_error(tmp_path):
 
     with pytest.raises(SpecError, match="input not found"):
         read_inputs([tmp_path / "nope"], 4)
+
+
+# ---- host work per byte and per-domain bandwidth factors (CPU testbeds) ----------------------
+
+HOST_TRUE = {**TRUE, "runtime.comm.op_host_us_per_MB.all_reduce.inter": 30_000.0,
+             "runtime.comm.op_bw_factor.all_gather.intra": 0.5,
+             "runtime.comm.op_bw_factor.all_gather.inter": 0.8}
+
+
+def _time_at(truth: dict, rate_Gbps: float, op: str, pg: str, nbytes: int) -> float:
+    scn = load_scenario(TINY, {**truth, "cluster.node.nics.bw_Gbps": rate_Gbps})
+    plan = scn.algorithm("hsdp").plan(scn.cluster)
+    hw = Hardware.from_spec(scn.cluster, scn.runtime)
+    sim = Simulation(hw=hw, plan=plan, part=partition(plan, StragglerSpec(), 1, 0), programs={},
+                     aggregate_steps=set(), steps=1, comm=scn.runtime.comm, host=scn.runtime.host)
+    return sim.collective(pg, 0, op, nbytes).solo_s
+
+
+def test_fit_tells_wire_time_from_host_work_with_two_link_rates():
+    # all-reduce across nodes needs 30 ms of host work per MB: slower than a 0.4 Gb/s wire
+    # (20 ms/MB), faster than a 0.2 Gb/s one (40 ms/MB); only the two rates together say so
+    out = Samples(sources=["synthetic"])
+    for rate in (0.4, 0.2):
+        for pg, inst in (("shard", ((0, 1),)), ("replicate", ((0, 2),))):
+            for op in ("all_gather", "all_reduce"):
+                for nbytes in (4_096, 65_536, 1_048_576, 8_388_608):
+                    out.comm.append(CommSample(
+                        op=op, instances=inst, nbytes=nbytes, world=4, gpus_per_node=2,
+                        time_s=_time_at(HOST_TRUE, rate, op, pg, nbytes), source="synthetic",
+                        link_Gbps=rate, label=f"{op} {pg} {nbytes} @{rate}"))
+    res = fit_comm(load_scenario(TINY, {"cluster.node.nics.bw_Gbps": 0.4}), out)
+    got = {p.name: p.value for p in res.params}
+    assert got["nic_bw_Gbps"] == pytest.approx(0.4, rel=1e-2)
+    assert got["host_us_per_MB_all_reduce_inter"] == pytest.approx(30_000, rel=1e-2)
+    assert got["bw_factor_all_gather_intra"] == pytest.approx(0.5, rel=1e-2)
+    assert got["bw_factor_all_gather_inter"] == pytest.approx(0.8, rel=1e-2)
+    assert res.rms_rel_error < 1e-3
+
+
+def test_one_link_rate_fits_no_host_work():
+    out = _synthetic_comm(noise=0.0)
+    res = fit_comm(load_scenario(TINY), out)
+    assert not [p for p in res.params if p.name.startswith("host_us_per_MB")]
+
+
+def test_host_work_and_factors_in_the_simulator():
+    base = {**TRUE, "cluster.node.nics.bw_Gbps": 0.4}
+    t = lambda extra, op, pg, n=8_388_608: _time_at({**base, **extra}, 0.4, op, pg, n)  # noqa: E731
+    # a factor inside the node leaves collectives across nodes alone, and the other way round
+    half_intra = {"runtime.comm.op_bw_factor.all_gather.intra": 0.5}
+    assert t(half_intra, "all_gather", "replicate") == pytest.approx(
+        t({}, "all_gather", "replicate"))
+    assert t(half_intra, "all_gather", "shard") > 1.5 * t({}, "all_gather", "shard") - 1e-3
+    # host work overlaps the wire: it shows only where it is the slower of the two
+    wire = t({}, "all_reduce", "replicate")
+    assert t({"runtime.comm.op_host_us_per_MB.all_reduce.inter": 1_000.0},
+             "all_reduce", "replicate") == pytest.approx(wire)
+    slow = t({"runtime.comm.op_host_us_per_MB.all_reduce.inter": 100_000.0},
+             "all_reduce", "replicate")
+    assert slow == pytest.approx(8_388_608 * 1e-7, rel=0.01)  # host-bound: E = S bytes
+    # gloo's reduce-scatter runs as an all-reduce, but with its own factor
+    gloo = {"runtime.comm.reduce_scatter_impl": "all_reduce"}
+    assert t(gloo, "reduce_scatter", "replicate") == pytest.approx(
+        t({}, "all_reduce", "replicate"))
+    assert t({**gloo, "runtime.comm.op_bw_factor.reduce_scatter": 0.5},
+             "reduce_scatter", "replicate") > 1.5 * t({}, "all_reduce", "replicate") - 1e-3
+
+
+def test_ranks_per_core_follows_the_testbed_pinning():
+    from simfed.spec.scenario import ranks_per_core
+
+    assert ranks_per_core(range(4), 2, 1, 2) == 2.0      # 2 nodes x 2 ranks on 1 core each
+    assert ranks_per_core((0, 2), 2, 1, 2) == 1.0        # one rank of each node
+    assert ranks_per_core(range(4), 1, 1, 2) == 2.0      # 4 nodes of 1 rank on 2 host cores
+    assert ranks_per_core((0, 1), 1, 1, 2) == 1.0
+    assert ranks_per_core(range(8), 4, 0, 0) == 1.0      # a real cluster: cores of its own
+    assert ranks_per_core(range(4), 4, 0, 2) == 2.0      # unpinned: all share the host's
+    scn = load_scenario(ROOT / "scenarios" / "testbed.yaml", {"cluster.host_cores": 2})
+    assert scn.cluster.ranks_per_core == 2.0
+    assert load_scenario(TINY).cluster.ranks_per_core == 1.0
+
+
+@pytest.mark.parametrize("key, value, msg", [
+    ("runtime.comm.op_host_us_per_MB.all_gather.across", 5.0,
+     "op_host_us_per_MB.all_gather.across: expected intra or inter"),
+    ("runtime.comm.op_bw_factor.all_gather.intra", 0.0,
+     "op_bw_factor.all_gather.intra: expected a number > 0, got 0.0"),
+    ("runtime.comm.op_host_us_per_MB.broadcast", 5.0,
+     "op_host_us_per_MB.broadcast: expected all_gather, reduce_scatter or all_reduce"),
+])
+def test_bad_per_op_tables_are_one_line_errors(key, value, msg):
+    from simfed.spec import SpecError
+
+    with pytest.raises(SpecError, match=msg.replace(".", r"\.")):
+        load_scenario(TINY, {key: value})
