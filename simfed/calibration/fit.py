@@ -231,9 +231,21 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
         fac = 1.0 / x[i] if x[i] > 0 else float("inf")
         res.params.append(Param(f"bw_factor_{op}_{dom}", fac,
                                 _ci(fac, se_full[i] / x[i] ** 2 if x[i] > 0 else np.nan), ""))
+    hidden = []
     for op, i in host_ix.items():  # s per byte -> us per MB
+        # under max() a host term below the wire time of every sample is not identified (any
+        # smaller value fits as well): it is left out, not reported as a number
+        if not any(x[i] * f.ring_bytes * f.ranks_per_core
+                   >= (x[slow_ix[(op, "inter")]] if (op, "inter") in slow_ix else 1.0)
+                   * max(f.nv_bytes * x[3], f.nic_bytes * x[4], f.sw_bytes * x[5])
+                   for f in feats if f.inter and f.op == op):
+            hidden.append(op)
+            continue
         res.params.append(Param(f"host_us_per_MB_{op}_inter", x[i] * 1e12,
                                 _ci(x[i] * 1e12, se_full[i] * 1e12), "us/MB"))
+    if hidden:
+        res.note = (f"host work per byte of {', '.join(hidden)} across nodes stays below the "
+                    f"wire time in every sample: not identified, left at 0")
     for f in feats:
         pred = model(x, f)
         res.residuals.append({"label": f.label, "measured_s": f.measured,
