@@ -1,0 +1,83 @@
+"""`simfed validate` on measurements already on disk (no testbed): calibration from the bench
+folders only, medians over launches, paired speedups, and bench sets at other link rates."""
+
+import json
+import statistics
+
+import pytest
+
+from simfed.calibration.validate import validate
+from simfed.spec import load_scenario
+
+from ..conftest import ROOT
+from .test_fit import TRUE, _time_at
+
+TINY = ROOT / "tests" / "fixtures" / "tiny2x2.yaml"
+# FSDP and FL+FSDP per launch (s/step after the warm-up): the medians' ratio (2.2x) differs from
+# the median of the per-launch ratios (2.0x), which is the one a drifting machine needs
+LAUNCHES = {"fsdp": [1.0, 1.2, 1.1], "fl_fsdp": [0.5, 0.5, 0.6]}
+
+
+def _bench(folder, rate_Gbps: float) -> None:
+    """A bench folder in `realrun bench`'s summary format, timed by the simulator's truth."""
+    rows = []
+    for group, pg, size in (("intra", "shard", 2), ("inter", "replicate", 2)):
+        for op in ("all_gather", "all_reduce"):
+            for nbytes in (65_536, 1_048_576, 8_388_608):
+                rows.append({"op": op, "group": group, "group_size": size, "nodes": 2,
+                             "concurrent_groups": 1, "nbytes": nbytes,
+                             "time_s": _time_at(TRUE, rate_Gbps, op, pg, nbytes)})
+    folder.mkdir(parents=True)
+    meta = {"nodes": 2, "ranks_per_node": 2, "world_size": 4, "backend": "gloo",
+            "link_rate_Gbps": rate_Gbps, "network": "testbed", "cores": 1, "host_cores": 2,
+            "impl": {"reduce_scatter": "gloo_allreduce"}, "overlap": "none"}
+    (folder / "bench-summary.json").write_text(json.dumps({"meta": meta, "comm": rows}))
+
+
+def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
+    scn_path = tmp_path / "scn.yaml"
+    scn_path.write_text(
+        f"include: {TINY}\n"
+        "validation:\n"
+        "  repeats: 3\n"
+        "  bench_sets: [{cluster.node.nics.bw_Gbps: 5.0, skip: units}]\n"
+        "  shapes: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n")
+    out = tmp_path / "out"
+    _bench(out / "bench" / "set0", 10.0)
+    _bench(out / "bench" / "set1", 5.0)
+    for alg, times in LAUNCHES.items():
+        for rep, t in enumerate(times):
+            d = out / "runs" / "base" / f"rep{rep}" / alg
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"step_times_s": [9.0, 9.0, t, t]}))
+    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
+
+    rows = {r["algorithm"]: r for r in res["runs"]}
+    assert rows["fsdp"]["measured_step_time_s"] == pytest.approx(1.1)  # warm-up steps dropped
+    assert rows["fl_fsdp"]["measured_launches_s"] == pytest.approx(LAUNCHES["fl_fsdp"])
+    sp = next(s for s in res["speedups"] if s["pair"] == "fl_fsdp/fsdp")
+    assert sp["measured"] == pytest.approx(2.0)
+    assert sp["measured_of_medians"] == pytest.approx(2.2)
+    assert sp["predicted"] == pytest.approx(
+        rows["fsdp"]["predicted_step_time_s"] / rows["fl_fsdp"]["predicted_step_time_s"])
+    errs = [abs(r["error"]) for r in res["runs"]]
+    assert res["summary"]["median_abs_error"] == pytest.approx(statistics.median(errs))
+    # calibrated on both link rates (10 and 5 Gb/s, each sample scaled to its own), never on
+    # the runs: the wire comes out at the scenario's 10 Gb/s, the bench's latencies as TRUE's
+    prof = load_scenario(scn_path, profile=res["profile"])
+    assert prof.cluster.node.nics.bw_Gbps * prof.runtime.comm.nic_efficiency == \
+        pytest.approx(10.0, rel=1e-2)
+    assert prof.cluster.node.nics.latency_us == pytest.approx(80.0, rel=0.05)
+    # ... and the testbed facts the bench recorded came along
+    assert prof.cluster.host_cores == 2
+    assert prof.runtime.comm.reduce_scatter_impl == "all_reduce"
+
+
+def test_validate_without_measurements_names_the_missing_shape(tmp_path):
+    from simfed.spec import SpecError
+
+    scn_path = tmp_path / "scn.yaml"
+    scn_path.write_text(f"include: {TINY}\nvalidation: {{shapes: [{{name: base, set: {{}}}}]}}\n")
+    _bench(tmp_path / "out" / "bench" / "set0", 10.0)
+    with pytest.raises(SpecError, match="no measurements for shape 'base'"):
+        validate(scn_path, tmp_path / "out", echo=lambda _m: None, skip_runs=True)
