@@ -18,11 +18,11 @@ lockstep), then the median over repetitions (and over concurrent groups); min_ti
 fastest repetition, samples the number of repetitions. Times in seconds, sizes in bytes.
 - meta: rank 0's trace header (world_size, nodes, ranks_per_node, cores, host_cores, network,
   link_rate_Gbps, impl, scenario, model, seq_len, micro_batch, ...) and bench_wall_s.
-- comm: [{op, group (intra | inter | world), group_size, nodes, concurrent_groups, nbytes (full
-  buffer: all-gather output, reduce-scatter input, all-reduce buffer), impl (gloo_allgather |
-  gloo_allreduce), time_s, min_time_s, samples, algbw_Gbps, busbw_Gbps}]; algbw = nbytes / time,
-  busbw = algbw x (p-1)/p (all-gather, reduce-scatter) or 2(p-1)/p (all-reduce), the nccl-tests
-  convention.
+- comm: [{op, group (intra | inter | world | nodes{b}: blocks of b nodes), group_size, nodes,
+  concurrent_groups, nbytes (full buffer: all-gather output, reduce-scatter input, all-reduce
+  buffer), impl (gloo_allgather | gloo_allreduce), time_s, min_time_s, samples, algbw_Gbps,
+  busbw_Gbps}]; algbw = nbytes / time, busbw = algbw x (p-1)/p (all-gather, reduce-scatter)
+  or 2(p-1)/p (all-reduce), the nccl-tests convention.
 - compute: [{phase, concurrent, flops, hidden, ffn_hidden, time_s, gflops_per_s, samples}]: a
   plain matmul block (not the model).
 - checks: [{group_size, nodes, all_reduce_tiny_off_s, all_reduce_tiny_detail_s, detail_check_s,
@@ -68,7 +68,8 @@ from .testbed import DEFAULT_PREFIX, TestbedError, kill_group, parse_sets, testb
 
 WORKER = "realrun.bench_worker"
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
-GROUP_KINDS = ("intra", "inter", "world")
+GROUP_KINDS = ("intra", "inter", "world", "fl")  # fl: the scenario's federation groups, one
+# rank per node position in each block of group_nodes nodes (summary group "nodes{b}")
 TRACE_GLOB = "bench-rank*.jsonl"
 SUMMARY = "bench-summary.json"
 MAX_NPROC = 64
@@ -500,7 +501,8 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
               help="message sizes (full buffer), or `auto`: the scenario model's unit, shard and "
               f"FedAvg sizes and 4K  [default: auto with a SCENARIO, else {DEFAULT_SIZES}]")
 @click.option("--ops", default="all_gather,reduce_scatter,all_reduce", show_default=True)
-@click.option("--groups", default="intra,inter,world", show_default=True)
+@click.option("--groups", default="intra,inter,world,fl", show_default=True,
+              help="fl: the scenario's federation groups of several nodes")
 @click.option("--iters", type=int, default=8, show_default=True)
 @click.option("--flops", default="1e5,1e6,1e7,1e8", show_default=True,
               help="forward FLOPs of the compute block ('' = skip)")

@@ -1,13 +1,14 @@
 """One rank of `realrun bench`: timed collectives, compute, the model's units, optimizer, checks.
 
-Run by torchrun: collectives over intra-node, inter-node and world groups, a matmul block's
+Run by torchrun: collectives over intra-node, inter-node and world groups (and, with a scenario,
+its federation groups of several nodes: "nodes{b}"), a matmul block's
 forward/backward, the host cost of TORCH_DISTRIBUTED_DEBUG=DETAIL and, with --scenario, the
 scenario's real model per FSDP unit, its optimizer step per shard size and FedAvg's local work
 (`realrun.unitbench`).
 
 Writes `OUT/bench-rank{R}.jsonl` in the simfed trace schema (simfed.spec.trace); step = the
 repetition (-1: an optimizer's first step):
-- cat "comm", name all_gather | reduce_scatter | all_reduce, group intra | inter | world,
+- cat "comm", name all_gather | reduce_scatter | all_reduce, group intra | inter | world | nodes{b},
   nbytes = the full buffer (all-gather output, reduce-scatter input, all-reduce buffer: the
   nccl-tests convention), attrs: group_size, nodes (spanned), ranks, concurrent_groups (groups of
   that kind running the same collective at once), impl, case, rep.
@@ -190,6 +191,14 @@ class Bench:
             layout["inter"] = [[local + i * g for i in range(n)] for local in range(g)]
         if n > 1 and g > 1:  # else the world group is the intra (one node) or inter group
             layout["world"] = [list(range(self.world))]
+        # fl: the scenario's federation groups that span nodes (blocks of b nodes), ranks at
+        # one position of each node of a block: FL+FSDP's shard groups with one rank per node
+        blocks = sorted({a.group_nodes for a in (self.scenario.algorithms if self.scenario
+                                                 else ()) if 1 < a.group_nodes < n
+                         and n % a.group_nodes == 0})
+        for b in blocks:
+            layout[f"nodes{b}"] = [[loc + i * g for i in range(blk * b, (blk + 1) * b)]
+                                   for blk in range(n // b) for loc in range(g)]
         return layout
 
     def nodes_of(self, ranks: Sequence[int]) -> int:
@@ -198,6 +207,9 @@ class Bench:
     # ---- collectives ----------------------------------------------------------------------
     def comm(self, kinds: Sequence[str], ops: Sequence[str], sizes: Sequence[int]) -> None:
         layout = self.group_layout()
+        kinds = [k for kind in kinds
+                 for k in ([x for x in layout if x.startswith("nodes")] if kind == "fl"
+                           else [kind])]
         for kind in kinds:
             if kind not in layout:
                 continue

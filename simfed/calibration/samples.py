@@ -106,6 +106,10 @@ def _bench_instances(group: str, size: int, concurrent: int, nodes: int, per_nod
         insts = [tuple(n * per_node + i for i in range(size)) for n in range(nodes)]
     elif group == "inter":
         insts = [tuple(n * per_node + loc for n in range(size)) for loc in range(per_node)]
+    elif group.startswith("nodes"):  # blocks of b nodes, one rank per node (realrun's "fl")
+        b = int(group.removeprefix("nodes"))
+        insts = [tuple(loc + i * per_node for i in range(blk * b, (blk + 1) * b))
+                 for blk in range(nodes // b) for loc in range(per_node)]
     else:
         insts = [tuple(range(size))]
     return tuple(insts[: max(1, concurrent)])

@@ -250,3 +250,18 @@ def test_unit_and_optimizer_bench_of_the_tiny_model(tmp_path):
     firsts = [sp for sp in spans if sp.name == "optimizer" and sp.attrs["first"]]
     assert [sp.step for sp in firsts] == [-1, -1, -1]
     assert {sp.attrs["bench"] for sp in spans} == {"units", "optimizer", "fedavg"}
+
+
+def test_fl_groups_of_several_nodes_are_benchmarked_as_the_plans_run_them():
+    from realrun.bench_worker import Bench
+
+    from ..conftest import SCENARIOS
+
+    scn = load_scenario(SCENARIOS / "testbed.yaml", {
+        "cluster.nodes": 4, "cluster.node.gpus": 1, "algorithms.fl_fsdp.group_nodes": 2})
+    b = object.__new__(Bench)  # the layout needs no process group
+    b.scenario, b.ranks_per_node, b.nodes, b.world = scn, 1, 4, 4
+    layout = b.group_layout()
+    assert layout["nodes2"] == [[0, 1], [2, 3]]  # FL+FSDP's shard groups on 4 nodes of 1 rank
+    assert scn.algorithm("fl_fsdp").plan(scn.cluster).groups == 2
+    assert "nodes1" not in layout and "nodes4" not in layout  # intra / inter cover those

@@ -218,3 +218,12 @@ def test_bad_per_op_tables_are_one_line_errors(key, value, msg):
 
     with pytest.raises(SpecError, match=msg.replace(".", r"\.")):
         load_scenario(TINY, {key: value})
+
+
+def test_bench_groups_of_node_blocks_map_to_their_ranks():
+    from simfed.calibration.samples import _bench_instances
+
+    # realrun bench's "fl" kind: FL groups of 2 nodes, one rank per node position in each
+    assert _bench_instances("nodes2", 2, 2, 4, 1) == ((0, 1), (2, 3))
+    assert _bench_instances("nodes2", 2, 4, 4, 2) == ((0, 2), (1, 3), (4, 6), (5, 7))
+    assert _bench_instances("nodes2", 2, 1, 4, 2) == ((0, 2),)
