@@ -45,7 +45,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simfed.spec import Scenario, Span, SpecError, TraceWriter, load_scenario, to_plain
+from simfed.spec import (
+    Scenario,
+    Span,
+    SpecError,
+    TraceWriter,
+    load_scenario,
+    node_block_groups,
+    to_plain,
+)
 
 from .bench import GROUP_KINDS, OPS, PARTS
 from .config import parse_overrides
@@ -197,8 +205,7 @@ class Bench:
                                                  else ()) if 1 < a.group_nodes < n
                          and n % a.group_nodes == 0})
         for b in blocks:
-            layout[f"nodes{b}"] = [[loc + i * g for i in range(blk * b, (blk + 1) * b)]
-                                   for blk in range(n // b) for loc in range(g)]
+            layout[f"nodes{b}"] = node_block_groups(n, g, b)
         return layout
 
     def nodes_of(self, ranks: Sequence[int]) -> int:

@@ -99,22 +99,17 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
         cap = round(v, 4) if v < 4 * inject else 0.0
         cluster.setdefault("fabric", {})["switch_capacity_Gbps"] = cap
         note("cluster.fabric.switch_capacity_Gbps", comm, "switch_capacity_Gbps")
-    factors: dict[str, dict[str, float]] = {}
-    for p in comm.params:
-        if p.name.startswith("bw_factor_"):
-            op, dom = p.name.removeprefix("bw_factor_").rsplit("_", 1)
-            factors.setdefault(op, {})[dom] = round(p.value, 5)
-    if factors:
-        runtime["comm"]["op_bw_factor"] = factors
-        note("runtime.comm.op_bw_factor", comm)
-    host: dict[str, dict[str, float]] = {}
-    for p in comm.params:
-        if p.name.startswith("host_us_per_MB_"):
-            op, dom = p.name.removeprefix("host_us_per_MB_").rsplit("_", 1)
-            host.setdefault(op, {})[dom] = round(p.value, 3)
-    if host:
-        runtime["comm"]["op_host_us_per_MB"] = host
-        note("runtime.comm.op_host_us_per_MB", comm)
+    # per-op tables {op: {intra|inter: value}} from params named PREFIX{op}_{domain}
+    for prefix, key, digits in (("bw_factor_", "op_bw_factor", 5),
+                                ("host_us_per_MB_", "op_host_us_per_MB", 3)):
+        table: dict[str, dict[str, float]] = {}
+        for p in comm.params:
+            if p.name.startswith(prefix):
+                op, dom = p.name.removeprefix(prefix).rsplit("_", 1)
+                table.setdefault(op, {})[dom] = round(p.value, digits)
+        if table:
+            runtime["comm"][key] = table
+            note(f"runtime.comm.{key}", comm)
 
     # ---- compute: rate = peak x efficiency; the peak moves up if measured faster
     rates = {ph: _val(units, f"{ph}_flops_per_s") for ph in ("forward", "backward")}

@@ -179,17 +179,21 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
     slow_ix = {o: 6 + i for i, o in enumerate(others)}
     host_ix = {o: 6 + len(others) + i for i, o in enumerate(host_ops)}
 
-    def model(x: np.ndarray, f: _CommFeature) -> float:
+    def terms(x: np.ndarray, f: _CommFeature) -> tuple[float, float, float]:
+        """(fixed, host, wire) seconds: launches and hops, host work, bytes on the links."""
         hop = x[2] if f.inter else x[1]
         key = (f.op, f.domain)
         slow = x[slow_ix[key]] if key in slow_ix else 1.0
         host = (x[host_ix[f.op]] * f.ring_bytes * f.ranks_per_core
                 if f.inter and f.op in host_ix else 0.0)
+        wire = slow * max(f.nv_bytes * x[3], f.nic_bytes * x[4], f.sw_bytes * x[5])
+        return f.phases * x[0] + f.steps * hop, host, wire
+
+    def model(x: np.ndarray, f: _CommFeature) -> float:
         # the host's work overlaps the wire's: the slower of the two (as the simulator's
         # per-communicator host resource)
-        return (f.phases * x[0] + f.steps * hop
-                + max(host, slow * max(f.nv_bytes * x[3], f.nic_bytes * x[4],
-                                       f.sw_bytes * x[5])))
+        fixed, host, wire = terms(x, f)
+        return fixed + max(host, wire)
 
     idx = [i for i, fr in enumerate(free) if fr]
 
@@ -235,10 +239,8 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
     for op, i in host_ix.items():  # s per byte -> us per MB
         # under max() a host term below the wire time of every sample is not identified (any
         # smaller value fits as well): it is left out, not reported as a number
-        if not any(x[i] * f.ring_bytes * f.ranks_per_core
-                   >= (x[slow_ix[(op, "inter")]] if (op, "inter") in slow_ix else 1.0)
-                   * max(f.nv_bytes * x[3], f.nic_bytes * x[4], f.sw_bytes * x[5])
-                   for f in feats if f.inter and f.op == op):
+        if not any(host >= wire for f in feats if f.inter and f.op == op
+                   for _fixed, host, wire in [terms(x, f)]):
             hidden.append(op)
             continue
         res.params.append(Param(f"host_us_per_MB_{op}_inter", x[i] * 1e12,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..spec.scenario import ranks_per_core
+from ..spec import node_block_groups, ranks_per_core
 from ..spec.schema import SpecError
 from ..spec.trace import read_trace
 
@@ -107,9 +107,8 @@ def _bench_instances(group: str, size: int, concurrent: int, nodes: int, per_nod
     elif group == "inter":
         insts = [tuple(n * per_node + loc for n in range(size)) for loc in range(per_node)]
     elif group.startswith("nodes"):  # blocks of b nodes, one rank per node (realrun's "fl")
-        b = int(group.removeprefix("nodes"))
-        insts = [tuple(loc + i * per_node for i in range(blk * b, (blk + 1) * b))
-                 for blk in range(nodes // b) for loc in range(per_node)]
+        insts = [tuple(g) for g in node_block_groups(nodes, per_node,
+                                                      int(group.removeprefix("nodes")))]
     else:
         insts = [tuple(range(size))]
     return tuple(insts[: max(1, concurrent)])

@@ -16,6 +16,8 @@ from .scenario import (
     TrainingSpec,
     load_scenario,
     load_scenario_data,
+    node_block_groups,
+    ranks_per_core,
     scenario_from_dict,
 )
 from .schema import SpecError, to_plain
@@ -25,6 +27,7 @@ __all__ = [
     "ALGORITHMS", "FED", "PG_KINDS", "PHASES", "REPLICATE", "SHARD", "AlgorithmInfo",
     "AlgorithmSpec", "ClusterSpec", "DataSpec", "ModelSpec", "ParallelPlan", "RuntimeSpec",
     "Scenario", "Span", "SpecError", "StragglerSpec", "TraceWriter", "TrainingSpec", "UnitSpec",
-    "algorithm_info", "load_scenario", "load_scenario_data", "read_trace", "scenario_from_dict",
+    "algorithm_info", "load_scenario", "load_scenario_data", "node_block_groups", "ranks_per_core",
+    "read_trace", "scenario_from_dict",
     "to_chrome", "to_plain", "write_chrome", "write_trace",
 ]

@@ -118,15 +118,23 @@ def ranks_per_core(ranks: Iterable[int], gpus_per_node: int, cpu_cores: int,
     load: dict[int, float] = {}
     for r in ranks:
         node = r // gpus_per_node
-        if cpu_cores > 0:
-            n = min(cpu_cores, host_cores) if host_cores else cpu_cores
-            cores = {(node * cpu_cores + j) % host_cores if host_cores else node * cpu_cores + j
-                     for j in range(n)}
-        else:
+        if cpu_cores <= 0:  # unpinned: every core of the host
             cores = set(range(host_cores))
+        else:  # handed out in turn (a set: more cores than the host has count each once)
+            first = node * cpu_cores
+            cores = {(first + j) % host_cores if host_cores else first + j
+                     for j in range(cpu_cores)}
         for c in cores:
             load[c] = load.get(c, 0.0) + 1.0 / len(cores)
     return max([1.0, *load.values()])
+
+
+def node_block_groups(nodes: int, per_node: int, block: int) -> list[list[int]]:
+    """Groups of one rank per node over each block of `block` consecutive nodes (ranks numbered
+    node by node): FL+FSDP's shard groups when a federation group of `block` nodes shards with
+    one rank per node; blocks in order, then node positions."""
+    return [[loc + i * per_node for i in range(blk * block, (blk + 1) * block)]
+            for blk in range(nodes // block) for loc in range(per_node)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +213,8 @@ class CommRuntime:
         "longer of the two); a number, or {intra: t, inter: t}; missing: 0")
 
     def __post_init__(self) -> None:
-        for key, ok in (("op_bw_factor", lambda v: v > 0), ("op_host_us_per_MB", lambda v: v >= 0)):
+        for key, ok, bound in (("op_bw_factor", lambda v: v > 0, "> 0"),
+                               ("op_host_us_per_MB", lambda v: v >= 0, ">= 0")):
             for op, f in (getattr(self, key) or {}).items():
                 where = f"runtime.comm.{key}.{op}"
                 if op not in ("all_gather", "reduce_scatter", "all_reduce"):
@@ -214,7 +223,6 @@ class CommRuntime:
                     if dom not in ("", "intra", "inter"):
                         raise SpecError(f"{where}.{dom}: expected intra or inter")
                     if not ok(v):
-                        bound = "> 0" if key == "op_bw_factor" else ">= 0"
                         raise SpecError(f"{where}{'.' + dom if dom else ''}: expected a number "
                                         f"{bound}, got {v!r}")
 

@@ -25,13 +25,7 @@ TRUE = {"runtime.comm.launch_us": 50.0, "cluster.node.nvlink.latency_us": 20.0,
 
 def _truth_time(op: str, pg: str, nbytes: int) -> float:
     """What the simulator itself predicts for a collective with the TRUE constants."""
-    scn = load_scenario(TINY, TRUE)
-    alg = scn.algorithm("hsdp")
-    plan = alg.plan(scn.cluster)
-    hw = Hardware.from_spec(scn.cluster, scn.runtime)
-    sim = Simulation(hw=hw, plan=plan, part=partition(plan, StragglerSpec(), 1, 0), programs={},
-                     aggregate_steps=set(), steps=1, comm=scn.runtime.comm, host=scn.runtime.host)
-    return sim.collective(pg, 0, op, nbytes).solo_s
+    return _time_at(TRUE, TRUE["cluster.node.nics.bw_Gbps"], op, pg, nbytes)
 
 
 def _synthetic_comm(noise: float, seed: int = 0) -> Samples:
