@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..collectives import OPS
 from ..spec.scenario import Scenario
 from .fit import (
     FitResult,
@@ -105,7 +106,9 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
         table: dict[str, dict[str, float]] = {}
         for p in comm.params:
             if p.name.startswith(prefix):
-                op, dom = p.name.removeprefix(prefix).rsplit("_", 1)
+                rest = p.name.removeprefix(prefix)
+                op = next(o for o in OPS if rest.startswith(o + "_"))
+                dom = rest.removeprefix(op + "_")
                 table.setdefault(op, {})[dom] = round(p.value, digits)
         if table:
             runtime["comm"][key] = table

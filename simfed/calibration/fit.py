@@ -96,10 +96,13 @@ class _CommFeature:
     link_Gbps: float = 0.0  # the inter-node link rate it ran at (nic_bytes are scaled to it)
     ranks_per_core: float = 1.0  # host work per byte is shared out over the cores
 
+    pair: bool = False  # a ring of two ranks
+
     @property
     def domain(self) -> str:
-        """Where its bandwidth factor applies: inside one node or across nodes."""
-        return "inter" if self.inter else "intra"
+        """Where its bandwidth factor applies: inside one node or across nodes, in rings of two
+        ranks or longer."""
+        return ("inter" if self.inter else "intra") + ("_pair" if self.pair else "")
 
 
 def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_CommFeature]:
@@ -137,7 +140,8 @@ def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_Com
                 elif kinds[c] == SWITCH:
                     sw = max(sw, d * e_bytes)
         feats.append(_CommFeature(steps, inter, len(phases), nv, nic, sw, s.time_s, s.label,
-                                  s.op, ring, s.link_Gbps, s.ranks_per_core))
+                                  s.op, ring, s.link_Gbps, s.ranks_per_core,
+                                  pair=max(len(i) for i in s.instances) == 2))
     return feats
 
 
@@ -149,6 +153,13 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
     if not feats:
         res.note = "no collective samples: comm constants left as in the scenario"
         return res
+    # rings of two ranks get factors of their own only where longer rings of the same op and
+    # domain were measured too (a gloo pair exchanges both ways with one peer; a longer ring
+    # sends to one neighbour and receives from the other); else one factor serves both
+    both = ({(f.op, f.inter) for f in feats if f.pair}
+            & {(f.op, f.inter) for f in feats if not f.pair})
+    for f in feats:
+        f.pair = f.pair and (f.op, f.inter) in both
     has_intra = any(f.nv_bytes > 0 for f in feats)
     has_inter = any(f.inter for f in feats)
     n = scn.cluster.node

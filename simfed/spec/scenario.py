@@ -23,6 +23,9 @@ from .plan import ParallelPlan
 from .schema import SpecError, build, param
 
 SCHEMA_VERSION = 1
+# where a per-collective factor applies: inside one node or across nodes, and the same for
+# rings of two ranks ("_pair": one exchange each way with a single peer)
+DOMAINS = ("intra", "inter", "intra_pair", "inter_pair")
 
 # ---------------------------------------------------------------------------------------------
 # cluster
@@ -204,7 +207,9 @@ class CommRuntime:
         None, doc="per collective: achieved / modelled bandwidth, relative to all-reduce (gloo's "
         "all-gather moves its bytes slower than its all-reduce; realrun's gloo reduce-scatter is "
         "an all-reduce plus copies); a number, or {intra: f, inter: f} for collectives inside "
-        "one node (loopback / NVLink) and across nodes; missing: 1.0")
+        "one node (loopback / NVLink) and across nodes, with intra_pair / inter_pair for rings "
+        "of two ranks where they differ (gloo: one exchange each way with a single peer); "
+        "missing: 1.0 (a pair without its own: the domain's)")
 
     op_host_us_per_MB: dict[str, float | dict[str, float]] = param(
         None, doc="per collective: host time per MB of its ring bytes that does not scale with "
@@ -220,22 +225,26 @@ class CommRuntime:
                 if op not in ("all_gather", "reduce_scatter", "all_reduce"):
                     raise SpecError(f"{where}: expected all_gather, reduce_scatter or all_reduce")
                 for dom, v in (f.items() if isinstance(f, dict) else [("", f)]):
-                    if dom not in ("", "intra", "inter"):
-                        raise SpecError(f"{where}.{dom}: expected intra or inter")
+                    if dom not in ("", *DOMAINS):
+                        raise SpecError(f"{where}.{dom}: expected one of {', '.join(DOMAINS)}")
                     if not ok(v):
                         raise SpecError(f"{where}{'.' + dom if dom else ''}: expected a number "
                                         f"{bound}, got {v!r}")
 
     @staticmethod
-    def _per_op(table: dict | None, op: str, intra: bool, default: float) -> float:
+    def _per_op(table: dict | None, op: str, intra: bool, default: float,
+                pair: bool = False) -> float:
         f = (table or {}).get(op, default)
         if isinstance(f, dict):
-            return float(f.get("intra" if intra else "inter", default))
+            dom = "intra" if intra else "inter"
+            return float(f.get(f"{dom}_pair", f.get(dom, default)) if pair
+                         else f.get(dom, default))
         return float(f)
 
-    def bw_factor(self, op: str, intra: bool) -> float:
-        """Achieved-bandwidth factor of collective `op` inside a node (`intra`) or across."""
-        return self._per_op(self.op_bw_factor, op, intra, 1.0)
+    def bw_factor(self, op: str, intra: bool, pair: bool = False) -> float:
+        """Achieved-bandwidth factor of collective `op` inside a node (`intra`) or across; a
+        ring of two ranks (`pair`) may have its own."""
+        return self._per_op(self.op_bw_factor, op, intra, 1.0, pair)
 
     def host_s_per_byte(self, op: str, intra: bool) -> float:
         """Link-rate-independent host seconds per ring byte of collective `op`."""

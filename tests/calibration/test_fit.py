@@ -126,9 +126,12 @@ HOST_TRUE = {**TRUE, "runtime.comm.op_host_us_per_MB.all_reduce.inter": 30_000.0
              "runtime.comm.op_bw_factor.all_gather.inter": 0.8}
 
 
-def _time_at(truth: dict, rate_Gbps: float, op: str, pg: str, nbytes: int) -> float:
+def _time_at(truth: dict, rate_Gbps: float, op: str, pg: str, nbytes: int,
+             alg: str = "hsdp") -> float:
+    """The simulator's time for one collective of `alg`'s process group `pg` (hsdp on 2 x 2:
+    shard = a node's pair, replicate = a pair across nodes; fsdp: shard = the 4-rank ring)."""
     scn = load_scenario(TINY, {**truth, "cluster.node.nics.bw_Gbps": rate_Gbps})
-    plan = scn.algorithm("hsdp").plan(scn.cluster)
+    plan = scn.algorithm(alg).plan(scn.cluster)
     hw = Hardware.from_spec(scn.cluster, scn.runtime)
     sim = Simulation(hw=hw, plan=plan, part=partition(plan, StragglerSpec(), 1, 0), programs={},
                      aggregate_steps=set(), steps=1, comm=scn.runtime.comm, host=scn.runtime.host)
@@ -185,6 +188,50 @@ def test_host_work_and_factors_in_the_simulator():
              "reduce_scatter", "replicate") > 1.5 * t({}, "all_reduce", "replicate") - 1e-3
 
 
+PAIR_TRUE = {**TRUE, "runtime.comm.op_bw_factor.all_gather.inter": 0.9,
+             "runtime.comm.op_bw_factor.all_gather.inter_pair": 0.6}
+
+
+def _pair_and_ring_samples(truth: dict) -> Samples:
+    """All-gathers and all-reduces over a pair across nodes and over the 4-rank ring."""
+    out = Samples(sources=["synthetic"])
+    for alg, pg, inst in (("hsdp", "replicate", ((0, 2),)), ("fsdp", "shard", ((0, 1, 2, 3),))):
+        for op in ("all_gather", "all_reduce"):
+            for nbytes in (65_536, 1_048_576, 8_388_608):
+                out.comm.append(CommSample(
+                    op=op, instances=inst, nbytes=nbytes, world=4, gpus_per_node=2,
+                    time_s=_time_at(truth, 0.4, op, pg, nbytes, alg), source="synthetic",
+                    label=f"{op} {alg}-{pg} {nbytes}"))
+    return out
+
+
+def test_two_rank_rings_get_their_own_factor_where_longer_rings_were_measured():
+    scn = load_scenario(TINY, {"cluster.node.nics.bw_Gbps": 0.4})
+    res = fit_comm(scn, _pair_and_ring_samples(PAIR_TRUE))
+    got = {p.name: p.value for p in res.params}
+    assert got["bw_factor_all_gather_inter_pair"] == pytest.approx(0.6, rel=1e-2)
+    assert got["bw_factor_all_gather_inter"] == pytest.approx(0.9, rel=1e-2)
+    assert res.rms_rel_error < 1e-3
+    # only pairs measured: one factor for the domain, which longer rings then use as well
+    pairs = Samples(comm=[c for c in _pair_and_ring_samples(PAIR_TRUE).comm
+                          if len(c.instances[0]) == 2])
+    names = {p.name for p in fit_comm(scn, pairs).params}
+    assert "bw_factor_all_gather_inter" in names
+    assert not any(n.endswith("_pair") for n in names)
+
+
+def test_the_pair_factor_applies_to_two_rank_rings_only():
+    base = {**TRUE, "cluster.node.nics.bw_Gbps": 0.4}
+    slow = {**base, "runtime.comm.op_bw_factor.all_gather.inter_pair": 0.5}
+    n = 8_388_608
+    pair, ring = ("all_gather", "replicate", n, "hsdp"), ("all_gather", "shard", n, "fsdp")
+    assert _time_at(slow, 0.4, *pair) > 1.5 * _time_at(base, 0.4, *pair)
+    assert _time_at(slow, 0.4, *ring) == pytest.approx(_time_at(base, 0.4, *ring))
+    # without a pair factor, pairs use the domain's
+    inter = {**base, "runtime.comm.op_bw_factor.all_gather.inter": 0.5}
+    assert _time_at(inter, 0.4, *pair) == pytest.approx(_time_at(slow, 0.4, *pair))
+
+
 def test_ranks_per_core_follows_the_testbed_pinning():
     from simfed.spec.scenario import ranks_per_core
 
@@ -201,7 +248,8 @@ def test_ranks_per_core_follows_the_testbed_pinning():
 
 @pytest.mark.parametrize("key, value, msg", [
     ("runtime.comm.op_host_us_per_MB.all_gather.across", 5.0,
-     "op_host_us_per_MB.all_gather.across: expected intra or inter"),
+     "op_host_us_per_MB.all_gather.across: expected one of intra, inter, intra_pair, "
+     "inter_pair"),
     ("runtime.comm.op_bw_factor.all_gather.intra", 0.0,
      "op_bw_factor.all_gather.intra: expected a number > 0, got 0.0"),
     ("runtime.comm.op_host_us_per_MB.broadcast", 5.0,
