@@ -15,7 +15,10 @@ message sizes the scenario's training moves (`auto_sizes`).
 The summary, `DIR/bench-summary.json`, is one JSON object. Every time is, per repetition, the
 slowest rank (a collective ends when its last rank does; ranks run the compute benchmarks in
 lockstep), then the median over repetitions (and over concurrent groups); min_time_s is the
-fastest repetition, samples the number of repetitions. Times in seconds, sizes in bytes.
+fastest repetition, samples the number of repetitions. The collective cases are measured in
+`--rounds` interleaved passes (each case once per pass, with its share of the repetitions), so a
+passing disturbance of a noisy machine costs one sample of several cases rather than every
+sample of one. Times in seconds, sizes in bytes.
 - meta: rank 0's trace header (world_size, nodes, ranks_per_node, cores, host_cores, network,
   link_rate_Gbps, impl, scenario, model, seq_len, micro_batch, ...) and bench_wall_s.
 - comm: [{op, group (intra | inter | world | nodes{b}: blocks of b nodes), group_size, nodes,
@@ -78,7 +81,7 @@ _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB":
 PARTS = ("comm", "compute", "units", "optimizer", "checks")
 DEFAULT_SIZES = "4K,64K,512K,2M"
 QUICK = {"sizes": "4K,256K", "flops": "1e6,1e7", "iters": 3, "check_iters": 3, "unit_iters": 2,
-         "opt_iters": 2}
+         "opt_iters": 2, "rounds": 1}
 LATENCY_NBYTES = 4096
 MERGE_SIZES = 0.10
 
@@ -165,14 +168,14 @@ def worker_args(out: Path, *, sizes: Sequence[int], ops: str, groups: str, iters
                 flops: Sequence[float], hidden: int, ffn_hidden: int, check_iters: int,
                 timeout_s: float, scenario: str | None = None, sets: Sequence[str] = (),
                 skip: Sequence[str] = (), unit_iters: int = 8, opt_iters: int = 5,
-                case_budget_s: float = 0.0) -> list[str]:
+                case_budget_s: float = 0.0, rounds: int = 1) -> list[str]:
     args = ["--out", str(out), "--sizes", ",".join(map(str, sizes)), "--ops", ops,
             "--groups", groups, "--iters", str(iters), "--flops",
             ",".join(f"{f:g}" for f in flops), "--hidden", str(hidden),
             "--ffn-hidden", str(ffn_hidden), "--check-iters", str(check_iters),
             "--timeout-s", str(max(30.0, timeout_s)), "--skip", ",".join(skip),
             "--unit-iters", str(unit_iters), "--opt-iters", str(opt_iters),
-            "--case-budget-s", f"{case_budget_s:g}"]
+            "--case-budget-s", f"{case_budget_s:g}", "--rounds", str(rounds)]
     if scenario:
         args += ["--scenario", str(Path(scenario).resolve())]
         for item in sets:
@@ -434,10 +437,11 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
               check_iters: int, timeout_s: float, prefix: str = DEFAULT_PREFIX,
               sets: Sequence[str] = (), rate_Gbps: float | None = None, skip: str = "",
               unit_iters: int = 8, opt_iters: int = 5,
-              case_budget_s: float = 0.5) -> dict[str, Any]:
+              case_budget_s: float = 0.5, rounds: int = 3) -> dict[str, Any]:
     """Run the bench (locally or on the testbed), summarise it; raises BenchError/TestbedError."""
     for name, value, least in (("iters", iters, 1), ("check-iters", check_iters, 0),
-                               ("unit-iters", unit_iters, 0), ("opt-iters", opt_iters, 0)):
+                               ("unit-iters", unit_iters, 0), ("opt-iters", opt_iters, 0),
+                               ("rounds", rounds, 1)):
         if value < least:
             raise BenchError(f"--{name}: must be >= {least}, got {value}")
     if case_budget_s < 0:
@@ -465,7 +469,7 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
                        flops=flops_list, hidden=hidden, ffn_hidden=ffn,
                        check_iters=check_iters, timeout_s=timeout_s, scenario=scenario,
                        sets=sets, skip=skipped, unit_iters=unit_iters, opt_iters=opt_iters,
-                       case_budget_s=case_budget_s)
+                       case_budget_s=case_budget_s, rounds=rounds)
     t = time.monotonic()
     if testbed:
         with testbed_for(scn, prefix=prefix, rate_Gbps=rate_Gbps, source=scenario or "",
@@ -514,6 +518,9 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
               help="repetitions of the optimizer and FedAvg-local benchmarks")
 @click.option("--case-budget-s", type=float, default=0.5, show_default=True,
               help="fewer repetitions (>= 3) for a collective case slower than this in all")
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="passes over all collective cases, each with its share of the repetitions "
+              "(a disturbance spoils one sample of many cases, not all of one)")
 @click.option("--skip", default="", help=f"parts to leave out: {','.join(PARTS)}")
 @click.option("--quick", is_flag=True, help="a few sizes and repetitions (smoke test)")
 @click.option("--timeout-s", type=float, default=300.0, show_default=True)
@@ -526,8 +533,8 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
 def bench_command(scenario: str | None, out: str, nproc: int | None, use_testbed: bool,
                   sizes: str | None, ops: str, groups: str, iters: int, flops: str,
                   check_iters: int, unit_iters: int, opt_iters: int, case_budget_s: float,
-                  skip: str, quick: bool, timeout_s: float, prefix: str, sets: tuple[str, ...],
-                  rate_Gbps: float | None, as_json: bool) -> None:
+                  rounds: int, skip: str, quick: bool, timeout_s: float, prefix: str,
+                  sets: tuple[str, ...], rate_Gbps: float | None, as_json: bool) -> None:
     """Collective (all-gather, reduce-scatter, all-reduce), compute and debug-check benchmarks
     and, with a SCENARIO, its model per FSDP unit, its optimizer step and FedAvg's local work,
     written as simfed traces."""
@@ -543,12 +550,13 @@ def bench_command(scenario: str | None, out: str, nproc: int | None, use_testbed
         check_iters = int(QUICK["check_iters"]) if default("check_iters") else check_iters
         unit_iters = int(QUICK["unit_iters"]) if default("unit_iters") else unit_iters
         opt_iters = int(QUICK["opt_iters"]) if default("opt_iters") else opt_iters
+        rounds = int(QUICK["rounds"]) if default("rounds") else rounds
     try:
         summary = run_bench(scenario=scenario, out=Path(out), nproc=nproc, testbed=use_testbed,
                             sizes=sizes, ops=ops, groups=groups, iters=iters, flops=flops,
                             check_iters=check_iters, timeout_s=timeout_s, prefix=prefix,
                             sets=sets, rate_Gbps=rate_Gbps, skip=skip, unit_iters=unit_iters,
-                            opt_iters=opt_iters, case_budget_s=case_budget_s)
+                            opt_iters=opt_iters, case_budget_s=case_budget_s, rounds=rounds)
     except (BenchError, TestbedError, SpecError) as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None

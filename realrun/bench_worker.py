@@ -94,6 +94,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="cap a collective case's repetitions at this many seconds (after the "
                    "warm-up; at least --min-iters); 0 = always --iters")
     p.add_argument("--min-iters", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="passes over all collective cases, each taking its share of the "
+                   "repetitions: a disturbance of the machine (a TCP timeout, another tenant) "
+                   "then spoils one sample of many cases, which the median drops, rather than "
+                   "every sample of one case")
     p.add_argument("--scenario", default="", help="scenario YAML: model and training shapes for "
                    "the unit, optimizer and FedAvg benchmarks")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -165,11 +170,13 @@ class Bench:
                                dur_s=dur_s, nbytes=nbytes, group=group, stream=cat,
                                attrs=attrs or {}))
 
-    def repeat(self, active: bool, fn: Callable[[int], None], budget_s: float = 0.0) -> None:
+    def repeat(self, active: bool, fn: Callable[[int], None], budget_s: float = 0.0, *,
+               share: int = 1, first: int = 0) -> None:
         """warmup + iters repetitions; each starts with a world barrier; `fn(rep)` runs (and
         records, for rep >= 0) only where `active`. With `budget_s`, as many timed repetitions
         as fit in it at the slowest rank's warm-up pace (at least --min-iters, at most --iters);
-        every rank takes the same count."""
+        every rank takes the same count. With `share` > 1 this is one of that many passes over
+        the case: 1/share of those repetitions, numbered from `first`."""
         a = self.args
         slowest = 0.0
         for i in range(a.warmup):
@@ -184,10 +191,11 @@ class Bench:
             dist.all_reduce(pace, op=dist.ReduceOp.MAX)
             fit = int(budget_s / max(float(pace.item()), 1e-9))
             reps = max(min(a.min_iters, a.iters), min(a.iters, fit))
+        reps = -(-reps // max(1, share))
         for i in range(reps):
             dist.barrier()
             if active:
-                fn(i)
+                fn(first + i)
 
     # ---- groups ---------------------------------------------------------------------------
     def group_layout(self) -> dict[str, list[list[int]]]:
@@ -217,6 +225,7 @@ class Bench:
         kinds = [k for kind in kinds
                  for k in ([x for x in layout if x.startswith("nodes")] if kind == "fl"
                            else [kind])]
+        cases: list[tuple] = []
         for kind in kinds:
             if kind not in layout:
                 continue
@@ -230,11 +239,17 @@ class Bench:
                 active = mine < concurrent
                 for op in ops:
                     for nbytes in sizes:
-                        self.comm_case(kind, members[mine], pgs[mine], mine, concurrent,
-                                       active, op, nbytes)
+                        cases.append((kind, members[mine], pgs[mine], mine, concurrent, active,
+                                      op, nbytes))
+        # interleaved: every case once per round, its repetitions shared out over the rounds
+        rounds = max(1, self.args.rounds)
+        for rnd in range(rounds):
+            for i, case in enumerate(cases):
+                self.comm_case(*case, case_id=i + 1, rnd=rnd, rounds=rounds)
 
     def comm_case(self, kind: str, ranks: list[int], pg: Any, index: int, concurrent: int,
-                  active: bool, op: str, nbytes: int) -> None:
+                  active: bool, op: str, nbytes: int, *, case_id: int = 0, rnd: int = 0,
+                  rounds: int = 1) -> None:
         k = len(ranks)
         numel = max(k, (nbytes // 4) // k * k)  # float32, divisible by the group size
         full = torch.ones(numel, dtype=torch.float32)
@@ -244,10 +259,9 @@ class Bench:
             "reduce_scatter": lambda: _reduce_scatter(part, full, group=pg),
             "all_reduce": lambda: dist.all_reduce(full, group=pg),
         }[op]
-        self.case += 1
         attrs = {"group_size": k, "nodes": self.nodes_of(ranks), "ranks": ranks,
                  "group_index": index, "concurrent_groups": concurrent,
-                 "impl": GLOO_IMPL[op], "case": self.case}
+                 "impl": GLOO_IMPL[op], "case": case_id, "round": rnd}
 
         def once(rep: int) -> None:
             start = self.now_s()
@@ -258,7 +272,9 @@ class Bench:
                 self.span(op, "comm", start, dur, rep=rep, nbytes=numel * 4, group=kind,
                           attrs=attrs)
 
-        self.repeat(active, once, self.args.case_budget_s)
+        # repetition numbers stay distinct over the rounds (the summary keys samples by them)
+        self.repeat(active, once, self.args.case_budget_s, share=rounds,
+                    first=rnd * self.args.iters)
 
     # ---- compute --------------------------------------------------------------------------
     def compute(self, flops_list: Sequence[float]) -> None:

@@ -177,19 +177,23 @@ def validate(scenario: Path, out: Path, json_path: Path | None, fresh: bool,
     from .calibration.validate import validate as run_validation
 
     console = Console()
+    if not console.is_terminal:  # a log file: room for the whole table
+        console = Console(width=150)
     res = run_validation(scenario, out, echo=lambda m: console.print(m, highlight=False),
                          reuse=not fresh, skip_runs=measured_only)
     t = Table(title=f"validation of {res['scenario']}: predicted (calibrated on micro-benchmarks "
-                    "only) vs measured")
+                    "only) vs measured, ms per step (rest: compute and host work)")
     for col in ("run", "measured step", "predicted step", "error", "fwd m/p", "bwd m/p",
-                "opt m/p", "agg m/p"):
+                "opt m/p", "agg m/p", "collectives m/p", "rest m/p"):
         t.add_column(col, justify="left" if col == "run" else "right")
     for r in res["runs"]:
         mp, pp = r["measured_phases_s"], r["predicted_phases_s"]
         t.add_row(r["name"], f"{r['measured_step_time_s'] * 1e3:.1f} ms",
                   f"{r['predicted_step_time_s'] * 1e3:.1f} ms", f"{100 * r['error']:+.1f}%",
                   *[f"{mp[k] * 1e3:.0f}/{pp[k] * 1e3:.0f}" for k in
-                    ("forward", "backward", "optimizer", "aggregation")])
+                    ("forward", "backward", "optimizer", "aggregation")],
+                  *[f"{r['measured_' + k] * 1e3:.0f}/{r['predicted_' + k] * 1e3:.0f}"
+                    for k in ("comm_s", "rest_s")])
     console.print(t)
     for s in res["speedups"]:
         spread = s.get("measured_launches") or [s["measured"]]

@@ -33,6 +33,7 @@ from ..spec.trace import read_trace
 from . import calibrate, read_inputs, write_profile
 
 PHASES = ("forward", "backward", "optimizer", "aggregation")
+COMM = "collectives"
 SPEEDUP_PAIRS = (("fl_fsdp", "fsdp"), ("fl_hsdp", "hsdp"), ("fl_hsdp", "fsdp"))
 
 
@@ -97,14 +98,21 @@ def _measured(run_dir: Path) -> dict[str, Any]:
         _meta, spans = read_trace(trace)
         mine: dict[tuple[str, int], float] = {}
         for s in spans:
-            if s.cat == "phase" and s.name in PHASES and s.step >= WARMUP_STEPS:
+            if s.step < WARMUP_STEPS:
+                continue
+            if s.cat == "phase" and s.name in PHASES:
                 mine[(s.name, s.step)] = mine.get((s.name, s.step), 0.0) + s.dur_s
+            elif s.cat == "comm" and s.attrs.get("phase") in PHASES:
+                # time inside collectives (gloo blocks the rank: none of it overlaps compute)
+                mine[(COMM, s.step)] = mine.get((COMM, s.step), 0.0) + s.dur_s
         for key, v in mine.items():
             per_step.setdefault(key, []).append(v)
     steps = sorted({st for _n, st in per_step})
     phases = {p: statistics.fmean([statistics.fmean(per_step.get((p, st), [0.0]))
-                                   for st in steps]) if steps else 0.0 for p in PHASES}
-    return {"step_time_s": statistics.fmean(steady), "phases_s": phases, "summary": summary}
+                                   for st in steps]) if steps else 0.0 for p in (*PHASES, COMM)}
+    comm = phases.pop(COMM)
+    return {"step_time_s": statistics.fmean(steady), "phases_s": phases, "comm_s": comm,
+            "summary": summary}
 
 
 def _median_of(ms: list[dict[str, Any]]) -> dict[str, Any]:
@@ -112,6 +120,7 @@ def _median_of(ms: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "step_time_s": statistics.median(m["step_time_s"] for m in ms),
         "phases_s": {p: statistics.median(m["phases_s"][p] for m in ms) for p in PHASES},
+        "comm_s": statistics.median(m["comm_s"] for m in ms),
         "launches": [m["step_time_s"] for m in ms],
     }
 
@@ -188,6 +197,11 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                 "predicted_phases_s": {k: p["phases_s"][k] for k in PHASES},
                 "measured_phases_s": m["phases_s"],
                 "phase_errors_s": {k: p["phases_s"][k] - m["phases_s"][k] for k in PHASES},
+                # why: the time in collectives per step and the rest (compute, host work)
+                "measured_comm_s": m["comm_s"],
+                "predicted_comm_s": p["exposed_comm_s"],
+                "measured_rest_s": m["step_time_s"] - m["comm_s"],
+                "predicted_rest_s": p["step_time_s"] - p["exposed_comm_s"],
             })
     speedups = []
     for shape in shapes:

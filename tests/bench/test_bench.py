@@ -116,6 +116,13 @@ def test_loopback_bench_writes_every_case(tmp_path):
         assert s.group == "intra" and s.dur_s > 0 and s.stream == "comm"
         assert s.attrs["group_size"] == 2 and s.attrs["ranks"] == [0, 1]
         assert s.attrs["nodes"] == 1 and s.attrs["concurrent_groups"] == 1
+    # interleaved (3 rounds by default): every case once per round, one repetition each, so a
+    # disturbance of the machine costs one sample of several cases, not all three of one
+    rounds = [s.attrs["round"] for s in comm]
+    assert rounds == sorted(rounds) and rounds.count(0) == rounds.count(2) == 3 * 2
+    assert [(s.name, s.nbytes) for s in comm if s.attrs["round"] == 0] == \
+        [(s.name, s.nbytes) for s in comm if s.attrs["round"] == 2]
+    assert len({s.step for s in comm if (s.name, s.nbytes) == ("all_reduce", 4096)}) == 3
     # both ranks timed the same repetitions of the same cases
     key = [(s.name, s.nbytes, s.step, s.attrs["case"]) for s in comm]
     assert key == [(s.name, s.nbytes, s.step, s.attrs["case"])

@@ -8,6 +8,7 @@ import pytest
 
 from simfed.calibration.validate import validate
 from simfed.spec import load_scenario
+from simfed.spec.trace import Span, write_trace
 
 from ..conftest import ROOT
 from .test_fit import TRUE, _time_at
@@ -50,6 +51,16 @@ def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
             d = out / "runs" / "base" / f"rep{rep}" / alg
             d.mkdir(parents=True)
             (d / "summary.json").write_text(json.dumps({"step_times_s": [9.0, 9.0, t, t]}))
+            for rank, comm in enumerate((0.3, 0.5)):  # time in collectives per step
+                write_trace(d / f"trace_rank{rank}.jsonl", {"rank": rank}, [
+                    sp for step in range(4) for sp in (
+                        Span("backward", "phase", rank, step, 0.0, t),
+                        Span("reduce_scatter", "comm", rank, step, 0.1, comm - 0.1,
+                             attrs={"phase": "backward"}),
+                        Span("all_gather", "comm", rank, step, 0.0, 0.1,
+                             attrs={"phase": "backward"}),
+                        Span("all_gather", "comm", rank, step, 0.0, 5.0,  # not training
+                             attrs={"phase": "eval"}))])
     res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
 
     rows = {r["algorithm"]: r for r in res["runs"]}
@@ -60,6 +71,12 @@ def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
     assert sp["measured_of_medians"] == pytest.approx(2.2)
     assert sp["predicted"] == pytest.approx(
         rows["fsdp"]["predicted_step_time_s"] / rows["fl_fsdp"]["predicted_step_time_s"])
+    # why: collectives (mean over ranks, warm-up and evaluation left out) and the rest
+    assert rows["fsdp"]["measured_comm_s"] == pytest.approx(0.4)
+    assert rows["fsdp"]["measured_rest_s"] == pytest.approx(1.1 - 0.4)
+    assert rows["fsdp"]["predicted_comm_s"] > 0
+    assert rows["fsdp"]["predicted_rest_s"] == pytest.approx(
+        rows["fsdp"]["predicted_step_time_s"] - rows["fsdp"]["predicted_comm_s"])
     errs = [abs(r["error"]) for r in res["runs"]]
     assert res["summary"]["median_abs_error"] == pytest.approx(statistics.median(errs))
     # calibrated on both link rates (10 and 5 Gb/s, each sample scaled to its own), never on
