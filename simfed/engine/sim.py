@@ -29,7 +29,7 @@ from ..collectives import collective_impl
 from ..hardware import Hardware
 from ..network.flow import FlowNetwork
 from ..network.geometry import RingLoad, ring_load
-from ..network.links import GLOBAL, HOST, LEAF_UP, LINK_KINDS, NIC, NVLINK, SWITCH, LinkClass
+from ..network.links import GLOBAL, LEAF_UP, LINK_KINDS, NIC, NVLINK, SWITCH, LinkClass
 from ..spec.plan import ParallelPlan
 from ..spec.scenario import CommRuntime, HostRuntime
 from ..spec.units import us_to_s
@@ -122,12 +122,6 @@ class Simulation:
         ):
             self._link_ix[(kind, -1, 0)] = len(links)
             links.append(LinkClass(len(links), kind, -1, cap, n))
-        # one host-work resource per communicator (its collectives run one at a time)
-        self._host_ix: dict[tuple[str, int], int] = {}
-        for kind, comps in sorted(part.components.items()):
-            for comp in comps:
-                self._host_ix[(kind, comp.index)] = len(links)
-                links.append(LinkClass(len(links), HOST, -1, 1.0, comp.size))
         return links
 
     def _link_index(self, kind: str, node: int, sub: int) -> int:
@@ -181,11 +175,10 @@ class Simulation:
             latency = (us_to_s(self.comm.launch_us)
                        + ph.steps * (load.hop_latency_s + us_to_s(self.comm.step_latency_us)))
             demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
-            # host work per byte, on cores the ranks share when all run: overlaps the wire time
-            host_s = (ph.e_factor * nbytes * self.comm.host_s_per_byte(fop, intra)
-                      * self.hw.ranks_per_core)
-            if host_s > 0:
-                demand[self._host_ix[(kind, comp)]] = host_s
+            # host work per byte (copies, reductions, the kernel's network stack), on the cores
+            # the ranks share: gloo does it between its transfers, so it adds to the wire time
+            latency += (ph.e_factor * nbytes * self.comm.host_s_per_byte(fop, intra)
+                        * self.hw.ranks_per_core)
             phases.append((latency, demand))
             solo += latency + self.net.solo_time_s(demand)
             for k, b in load.bytes_per_E.items():

@@ -16,10 +16,6 @@ LINK_KINDS = (NVLINK, NIC, LEAF_UP, GLOBAL)
 # A leaf switch's aggregate forwarding capacity (all inter-node egress of its nodes): not a
 # byte-accounting kind (those bytes are already counted as inter_node)
 SWITCH = "switch"
-# CPU ranks: the host work (copies, reductions, the kernel's network stack) of one communicator's
-# collectives, as a resource of 1 second per second that the collective's bytes also need, so a
-# collective takes max(wire time, host time) as measured (not a byte-accounting kind either)
-HOST = "host"
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,8 +214,8 @@ class CommRuntime:
     op_host_us_per_MB: dict[str, float | dict[str, float]] = param(
         None, doc="per collective: host time per MB of its ring bytes that does not scale with "
         "the link rate (CPU ranks: copies, reductions, the kernel's network stack on the node's "
-        "cores), times the ranks sharing a core; it overlaps the wire time (a collective takes the "
-        "longer of the two); a number, or {intra: t, inter: t}; missing: 0")
+        "cores), times the ranks sharing a core; added to the wire time (gloo does it between "
+        "its transfers); a number, or {intra: t, inter: t}; missing: 0")
 
     def __post_init__(self) -> None:
         for key, ok, bound in (("op_bw_factor", lambda v: v > 0, "> 0"),

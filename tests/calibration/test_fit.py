@@ -139,8 +139,8 @@ def _time_at(truth: dict, rate_Gbps: float, op: str, pg: str, nbytes: int,
 
 
 def test_fit_tells_wire_time_from_host_work_with_two_link_rates():
-    # all-reduce across nodes needs 30 ms of host work per MB: slower than a 0.4 Gb/s wire
-    # (20 ms/MB), faster than a 0.2 Gb/s one (40 ms/MB); only the two rates together say so
+    # all-reduce across nodes does 30 ms of host work per MB on top of its wire time (20 ms/MB
+    # at 0.4 Gb/s, 40 at 0.2): at one rate that is just a slower wire, two rates tell them apart
     out = Samples(sources=["synthetic"])
     for rate in (0.4, 0.2):
         for pg, inst in (("shard", ((0, 1),)), ("replicate", ((0, 2),))):
@@ -173,13 +173,15 @@ def test_host_work_and_factors_in_the_simulator():
     assert t(half_intra, "all_gather", "replicate") == pytest.approx(
         t({}, "all_gather", "replicate"))
     assert t(half_intra, "all_gather", "shard") > 1.5 * t({}, "all_gather", "shard") - 1e-3
-    # host work overlaps the wire: it shows only where it is the slower of the two
+    # host work adds to the wire time: E = S bytes per rank for a 2-rank all-reduce, times the
+    # ranks sharing a core (one here: the pair is one rank of each node)
     wire = t({}, "all_reduce", "replicate")
-    assert t({"runtime.comm.op_host_us_per_MB.all_reduce.inter": 1_000.0},
-             "all_reduce", "replicate") == pytest.approx(wire)
-    slow = t({"runtime.comm.op_host_us_per_MB.all_reduce.inter": 100_000.0},
-             "all_reduce", "replicate")
-    assert slow == pytest.approx(8_388_608 * 1e-7, rel=0.01)  # host-bound: E = S bytes
+    host = {"runtime.comm.op_host_us_per_MB.all_reduce.inter": 1_000.0}
+    assert t(host, "all_reduce", "replicate") == pytest.approx(wire + 8_388_608 * 1e-9)
+    assert t(host, "all_reduce", "shard") == pytest.approx(t({}, "all_reduce", "shard"))
+    # all four ranks of the 2 x 2 cluster pinned to one host core: four times the host time
+    assert t({**host, "cluster.host_cores": 1, "cluster.node.cpu_cores": 1},
+             "all_reduce", "replicate") == pytest.approx(wire + 4 * 8_388_608 * 1e-9)
     # gloo's reduce-scatter runs as an all-reduce, but with its own factor
     gloo = {"runtime.comm.reduce_scatter_impl": "all_reduce"}
     assert t(gloo, "reduce_scatter", "replicate") == pytest.approx(
