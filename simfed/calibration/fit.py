@@ -141,7 +141,7 @@ def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_Com
                     sw = max(sw, d * e_bytes)
         feats.append(_CommFeature(steps, inter, len(phases), nv, nic, sw, s.time_s, s.label,
                                   s.op, ring, s.link_Gbps, s.ranks_per_core,
-                                  pair=max(len(i) for i in s.instances) == 2))
+                                  pair=bool(phases) and all(ph.pair for ph in phases)))
     return feats
 
 
@@ -190,21 +190,17 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
     slow_ix = {o: 6 + i for i, o in enumerate(others)}
     host_ix = {o: 6 + len(others) + i for i, o in enumerate(host_ops)}
 
-    def terms(x: np.ndarray, f: _CommFeature) -> tuple[float, float, float]:
-        """(fixed, host, wire) seconds: launches and hops, host work, bytes on the links."""
+    def model(x: np.ndarray, f: _CommFeature) -> float:
+        """Launches and hops, host work, bytes on the links: gloo does its host work between
+        transfers, so it adds to the wire time (as in the simulator); only samples at two link
+        rates tell the two apart."""
         hop = x[2] if f.inter else x[1]
         key = (f.op, f.domain)
         slow = x[slow_ix[key]] if key in slow_ix else 1.0
         host = (x[host_ix[f.op]] * f.ring_bytes * f.ranks_per_core
                 if f.inter and f.op in host_ix else 0.0)
         wire = slow * max(f.nv_bytes * x[3], f.nic_bytes * x[4], f.sw_bytes * x[5])
-        return f.phases * x[0] + f.steps * hop, host, wire
-
-    def model(x: np.ndarray, f: _CommFeature) -> float:
-        # gloo does its host work between transfers: it adds to the wire time (as in the
-        # simulator); only samples at two link rates tell the two apart
-        fixed, host, wire = terms(x, f)
-        return fixed + host + wire
+        return f.phases * x[0] + f.steps * hop + host + wire
 
     idx = [i for i, fr in enumerate(free) if fr]
 

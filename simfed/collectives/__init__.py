@@ -32,6 +32,11 @@ class Phase:
     steps: int
     op: str
 
+    @property
+    def pair(self) -> bool:
+        """A ring of two ranks (its own bandwidth factor: one exchange each way with a peer)."""
+        return max(len(i) for i in self.instances) == 2
+
 
 def _ring_factor(op: str, p: int) -> tuple[float, int]:
     if p < 2:

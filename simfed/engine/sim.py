@@ -170,8 +170,7 @@ class Simulation:
             # (per op, inside a node or across nodes)
             intra = not any(b > 0 for k, b in load.bytes_per_E.items() if k != NVLINK)
             fop = op if ph.op == run_op else ph.op
-            pair = max(len(i) for i in ph.instances) == 2
-            e_bytes = ph.e_factor * nbytes / self.comm.bw_factor(fop, intra, pair)
+            e_bytes = ph.e_factor * nbytes / self.comm.bw_factor(fop, intra, ph.pair)
             latency = (us_to_s(self.comm.launch_us)
                        + ph.steps * (load.hop_latency_s + us_to_s(self.comm.step_latency_us)))
             demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
