@@ -22,12 +22,19 @@ sample of one. Times in seconds, sizes in bytes.
 - meta: rank 0's trace header (world_size, nodes, ranks_per_node, cores, host_cores, network,
   link_rate_Gbps, impl, scenario, model, seq_len, micro_batch, ...) and bench_wall_s.
 - comm: [{op, group (intra | inter | world | nodes{b}: blocks of b nodes), group_size, nodes,
-  concurrent_groups, nbytes (full buffer: all-gather output, reduce-scatter input, all-reduce
-  buffer), impl (gloo_allgather | gloo_allreduce), time_s, min_time_s, samples, algbw_Gbps,
-  busbw_Gbps}]; algbw = nbytes / time, busbw = algbw x (p-1)/p (all-gather, reduce-scatter)
-  or 2(p-1)/p (all-reduce), the nccl-tests convention.
+  concurrent_groups, beside ("busy": one group ran it while the other groups ran a
+  training-like loop out of step with it; absent otherwise), nbytes (full buffer: all-gather
+  output, reduce-scatter input, all-reduce buffer), impl (gloo_allgather | gloo_allreduce),
+  time_s, min_time_s, samples, algbw_Gbps, busbw_Gbps, rank_cv}]; algbw = nbytes / time,
+  busbw = algbw x (p-1)/p (all-gather, reduce-scatter) or 2(p-1)/p (all-reduce), the
+  nccl-tests convention; rank_cv: how unevenly the ranks of a
+  repetition finished (a rank's standard deviation, from each repetition's range, over the mean
+  time; null with one rank per group).
 - compute: [{phase, concurrent, flops, hidden, ffn_hidden, time_s, gflops_per_s, samples}]: a
-  plain matmul block (not the model).
+  plain matmul block (not the model); phase forward_backward (the block's forward and
+  backward over 256 tokens, where half of the ranks share cores with the other half): every
+  rank at once (in step), and with beside "busy" the first half while the other half runs a
+  training-like loop out of step with it; both with rank_cv (as for comm).
 - checks: [{group_size, nodes, all_reduce_tiny_off_s, all_reduce_tiny_detail_s, detail_check_s,
   monitored_barrier_s, all_gather_tiny_s}]: host costs of TORCH_DISTRIBUTED_DEBUG=DETAIL.
 - units: [{unit (ModelSpec.units index: 0 = root, 1.. = decoder layers), name, kind (root |
@@ -233,6 +240,27 @@ def _slowest_median(reps: dict[int, float]) -> tuple[float, float, int]:
     return statistics.median(vals), min(vals), len(vals)
 
 
+# expected range (max - min) of n standard normal draws, n = 2..8
+_NORMAL_RANGE = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847}
+
+
+def rank_cv(reps: dict[Any, dict[int, float]]) -> float | None:
+    """How unevenly ranks ran one repetition, relative to its mean: the standard deviation of a
+    rank's time estimated from each repetition's range over its ranks (range / its expected
+    value for that many normal draws), averaged over repetitions, over the mean time."""
+    sds, means = [], []
+    for ranks in reps.values():
+        n = len(ranks)
+        if n < 2:
+            continue
+        d = list(ranks.values())
+        sds.append((max(d) - min(d)) / _NORMAL_RANGE.get(n, 3.0))
+        means.append(statistics.fmean(d))
+    if not sds or statistics.fmean(means) <= 0:
+        return None
+    return statistics.fmean(sds) / statistics.fmean(means)
+
+
 def summarize(out: str | Path) -> dict[str, Any]:
     """Medians per case from a bench folder's traces (see the module docstring)."""
     meta, spans = load_spans(Path(out))
@@ -241,6 +269,8 @@ def summarize(out: str | Path) -> dict[str, Any]:
     checks: dict[tuple, list[float]] = defaultdict(list)
     units: dict[tuple, dict[int, float]] = defaultdict(dict)  # case -> rep -> slowest rank
     cpu: dict[tuple, dict[int, float]] = defaultdict(dict)  # the same for CPU seconds
+    # case -> repetition -> rank -> own time (how unevenly the ranks of one repetition ran)
+    per_rank: dict[tuple, dict[Any, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for s in spans:
         a = s.attrs
         bench = a.get("bench", "")
@@ -257,30 +287,44 @@ def summarize(out: str | Path) -> dict[str, Any]:
             cpu[key][s.step] = max(cpu[key].get(s.step, 0.0), float(a.get("cpu_s", 0.0)))
         elif s.cat == "comm":
             key = (s.group, a["concurrent_groups"], s.name, s.nbytes, a["group_size"],
-                   a["nodes"], a.get("impl", ""))
+                   a["nodes"], a.get("impl", ""), a.get("beside", ""))
             rep = (a["group_index"], s.step)
             comm[key][rep] = max(comm[key].get(rep, 0.0), s.dur_s)
+            per_rank[("comm", *key)][rep][s.rank] = s.dur_s
         elif s.cat == "compute":
-            compute[(s.name, a["concurrent"], a["flops"], a["hidden"], a["ffn_hidden"])].append(
-                s.dur_s)
+            key = (s.name, a["concurrent"], a["flops"], a["hidden"], a["ffn_hidden"],
+                   a.get("beside", ""))
+            compute[key].append(s.dur_s)
+            per_rank[("compute", *key)][s.step][s.rank] = s.dur_s
         elif s.cat == "host":
             checks[(a["group_size"], a["nodes"], s.name, a.get("debug", ""))].append(s.dur_s)
     comm_rows = []
-    for (group, conc, op, nbytes, p, nodes, impl), reps in sorted(comm.items()):
+    for key, reps in sorted(comm.items()):
+        group, conc, op, nbytes, p, nodes, impl, beside = key
         t = statistics.median(reps.values())
         algbw = nbytes * 8 / t / 1e9
-        comm_rows.append({
+        row = {
             "op": op, "group": group, "group_size": p, "nodes": nodes,
             "concurrent_groups": conc, "nbytes": nbytes, "impl": impl, "time_s": t,
             "min_time_s": min(reps.values()), "samples": len(reps), "algbw_Gbps": algbw,
             "busbw_Gbps": algbw * bus_factor(op, p),
-        })
+        }
+        row["rank_cv"] = rank_cv(per_rank[("comm", *key)])
+        if beside:
+            row["beside"] = beside
+        comm_rows.append(row)
     compute_rows = []
-    for (name, conc, flops, h, f), durs in sorted(compute.items()):
+    for key, durs in sorted(compute.items()):
+        name, conc, flops, h, f, beside = key
         t = statistics.median(durs)
-        compute_rows.append({"phase": name, "concurrent": conc, "flops": flops, "hidden": h,
-                             "ffn_hidden": f, "time_s": t, "gflops_per_s": flops / t / 1e9,
-                             "samples": len(durs)})
+        row = {"phase": name, "concurrent": conc, "flops": flops, "hidden": h,
+               "ffn_hidden": f, "time_s": t, "gflops_per_s": flops / t / 1e9,
+               "samples": len(durs)}
+        if name == "forward_backward":  # the block beside out-of-step ranks, or its reference
+            row["rank_cv"] = rank_cv(per_rank[("compute", *key)])
+        if beside:
+            row["beside"] = beside
+        compute_rows.append(row)
     by_size: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
     for (k, nodes, name, debug), durs in checks.items():
         by_size[(k, nodes)][f"{name}_{debug}" if debug else name] = statistics.median(durs)
@@ -368,7 +412,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"{'time_ms':>10}{'algbw_Gbps':>11}{'busbw_Gbps':>11}")
         for r in summary["comm"]:
             lines.append(f"{r['op']:<15}{r['group']:<7}{r['group_size']:>3}{r['nodes']:>6}"
-                         f"{r['concurrent_groups']:>5}{r['nbytes']:>10}"
+                         f"{r['concurrent_groups']:>4}{'c' if r.get('beside') else ' '}"
+                         f"{r['nbytes']:>10}"
                          f"{r['time_s'] * 1e3:>10.3f}{r['algbw_Gbps']:>11.3f}"
                          f"{r['busbw_Gbps']:>11.3f}")
     if summary["compute"]:

@@ -11,9 +11,12 @@ repetition (-1: an optimizer's first step):
 - cat "comm", name all_gather | reduce_scatter | all_reduce, group intra | inter | world | nodes{b},
   nbytes = the full buffer (all-gather output, reduce-scatter input, all-reduce buffer: the
   nccl-tests convention), attrs: group_size, nodes (spanned), ranks, concurrent_groups (groups of
-  that kind running the same collective at once), impl, case, rep.
+  that kind running the same collective at once), beside ("busy": the other ranks ran a
+  training-like loop meanwhile, free-running: a compute block, then the same collective in their
+  own group; absent: they waited), impl, case, rep.
 - cat "compute", name forward | backward, attrs: flops, tokens, hidden, ffn_hidden, concurrent
-  (ranks computing at once).
+  (ranks computing at once); name forward_backward: the block over 256 tokens, all ranks in
+  step, or (attrs beside "busy") the first half beside the other half's training-like loop.
 - cat "compute", name forward | backward, attrs bench "units": unit (ModelSpec.units index, -1 =
   the whole model), unit_name, kind layer | root | model, phase, params, flops (simfed's
   convention x tokens), tokens, micro_batch, seq_len, hooks (false: a plain whole-model
@@ -60,6 +63,8 @@ from .config import parse_overrides
 from .errors import RealrunError
 from .unitbench import UnitBench, shard_sizes
 
+Busy = Callable[[Any], None]  # what idle ranks do during a repetition, given its end barrier
+
 DEFAULT_SIZES = (4096, 65536, 524288, 2097152)
 DEFAULT_FLOPS = (1e5, 1e6, 1e7, 1e8)
 # How gloo (torch's ProcessGroupGloo) carries out each call on CPU tensors.
@@ -99,6 +104,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "repetitions: a disturbance of the machine (a TCP timeout, another tenant) "
                    "then spoils one sample of many cases, which the median drops, rather than "
                    "every sample of one case")
+    p.add_argument("--beside-busy", type=int, default=1,
+                   help="1: also time each collective of one group while the other groups run "
+                   "a training-like loop out of step with it (where they share its host cores); "
+                   "0: skip those cases")
     p.add_argument("--scenario", default="", help="scenario YAML: model and training shapes for "
                    "the unit, optimizer and FedAvg benchmarks")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -130,6 +139,13 @@ class Bench:
         dist.broadcast(t0, src=0)
         self.epoch_wall = float(t0.item())
         self.case = 0
+        self._block: Callable[[], None] | None = None
+        # every rank's host cores (the testbed pins each node to some), as bit masks
+        mask = torch.tensor([sum(1 << c for c in os.sched_getaffinity(0) if c < 63)],
+                            dtype=torch.int64)
+        masks = [torch.zeros_like(mask) for _ in range(self.world)]
+        dist.all_gather(masks, mask)
+        self.core_mask = [int(m.item()) for m in masks]
         self.writer = TraceWriter(Path(args.out) / f"bench-rank{self.rank}.jsonl", self.meta())
 
     def meta(self) -> dict[str, Any]:
@@ -171,20 +187,25 @@ class Bench:
                                attrs=attrs or {}))
 
     def repeat(self, active: bool, fn: Callable[[int], None], budget_s: float = 0.0, *,
-               share: int = 1, first: int = 0) -> None:
+               share: int = 1, first: int = 0, busy: Busy | None = None) -> None:
         """warmup + iters repetitions; each starts with a world barrier; `fn(rep)` runs (and
-        records, for rep >= 0) only where `active`. With `budget_s`, as many timed repetitions
-        as fit in it at the slowest rank's warm-up pace (at least --min-iters, at most --iters);
-        every rank takes the same count. With `share` > 1 this is one of that many passes over
-        the case: 1/share of those repetitions, numbered from `first`."""
+        records, for rep >= 0) only where `active`; with `busy`, the other ranks run
+        `busy(work)` meanwhile, where `work` is the next barrier, entered early and
+        asynchronously, which completes when the active ranks are done. With `budget_s`, as
+        many timed repetitions as fit in it at the slowest rank's warm-up pace (at least
+        --min-iters, at most --iters); every rank takes the same count. With `share` > 1
+        this is one of that many passes over the case: 1/share of those repetitions, numbered
+        from `first`."""
         a = self.args
         slowest = 0.0
-        for i in range(a.warmup):
-            dist.barrier()
-            if active:
-                t = time.perf_counter()
-                fn(i - a.warmup)
-                slowest = max(slowest, time.perf_counter() - t)
+
+        def warm(i: int) -> None:
+            nonlocal slowest
+            t = time.perf_counter()
+            fn(i - a.warmup)
+            slowest = max(slowest, time.perf_counter() - t)
+
+        self._reps(range(a.warmup), active, warm, busy)
         reps = a.iters
         if budget_s > 0 and a.warmup > 0:
             pace = torch.tensor([slowest], dtype=torch.float64)
@@ -192,10 +213,28 @@ class Bench:
             fit = int(budget_s / max(float(pace.item()), 1e-9))
             reps = max(min(a.min_iters, a.iters), min(a.iters, fit))
         reps = -(-reps // max(1, share))
-        for i in range(reps):
-            dist.barrier()
+        self._reps(range(first, first + reps), active, fn, busy)
+
+    @staticmethod
+    def _reps(reps: range, active: bool, fn: Callable[[int], None],
+              busy: Busy | None) -> None:
+        """One world barrier before each repetition (and, with `busy`, one after the last:
+        the busy ranks enter each next barrier early, asynchronously, and work until it
+        completes, so every rank makes the same barrier calls in the same order)."""
+        pending = False
+        for i in reps:
+            if not pending:
+                dist.barrier()
+            pending = False
             if active:
-                fn(first + i)
+                fn(i)
+            elif busy is not None:
+                work = dist.barrier(async_op=True)
+                busy(work)
+                work.wait()
+                pending = True
+        if busy is not None and active and len(reps):
+            dist.barrier()
 
     # ---- groups ---------------------------------------------------------------------------
     def group_layout(self) -> dict[str, list[list[int]]]:
@@ -216,6 +255,13 @@ class Bench:
             layout[f"nodes{b}"] = node_block_groups(n, g, b)
         return layout
 
+    def shares_cores(self, ranks: Sequence[int]) -> bool:
+        """Whether some host core of `ranks` also runs a rank outside them."""
+        mine = 0
+        for r in ranks:
+            mine |= self.core_mask[r]
+        return any(self.core_mask[q] & mine for q in range(self.world) if q not in ranks)
+
     def nodes_of(self, ranks: Sequence[int]) -> int:
         return len({r // self.ranks_per_node for r in ranks})
 
@@ -234,13 +280,19 @@ class Bench:
             pgs = [dist.new_group(ranks) if len(members) > 1 or kind != "world"
                    else dist.group.WORLD for ranks in members]
             mine = next(i for i, ranks in enumerate(members) if self.rank in ranks)
-            modes = [len(members)] + ([1] if len(members) > 1 else [])
-            for concurrent in modes:
+            # all groups at once (in step: each repetition starts at a barrier); one group with
+            # the others idle; and, where the first group shares host cores with other ranks,
+            # one group while the others run a training-like loop out of step with it, as
+            # federation groups do between FedAvg rounds
+            modes = [(len(members), "")] + ([(1, "")] if len(members) > 1 else [])
+            if len(members) > 1 and self.args.beside_busy and self.shares_cores(members[0]):
+                modes.append((1, "busy"))
+            for concurrent, beside in modes:
                 active = mine < concurrent
                 for op in ops:
                     for nbytes in sizes:
                         cases.append((kind, members[mine], pgs[mine], mine, concurrent, active,
-                                      op, nbytes))
+                                      op, nbytes, beside))
         # interleaved: every case once per round, its repetitions shared out over the rounds
         rounds = max(1, self.args.rounds)
         for rnd in range(rounds):
@@ -248,8 +300,8 @@ class Bench:
                 self.comm_case(*case, case_id=i + 1, rnd=rnd, rounds=rounds)
 
     def comm_case(self, kind: str, ranks: list[int], pg: Any, index: int, concurrent: int,
-                  active: bool, op: str, nbytes: int, *, case_id: int = 0, rnd: int = 0,
-                  rounds: int = 1) -> None:
+                  active: bool, op: str, nbytes: int, beside: str = "", *, case_id: int = 0,
+                  rnd: int = 0, rounds: int = 1) -> None:
         k = len(ranks)
         numel = max(k, (nbytes // 4) // k * k)  # float32, divisible by the group size
         full = torch.ones(numel, dtype=torch.float32)
@@ -262,6 +314,8 @@ class Bench:
         attrs = {"group_size": k, "nodes": self.nodes_of(ranks), "ranks": ranks,
                  "group_index": index, "concurrent_groups": concurrent,
                  "impl": GLOO_IMPL[op], "case": case_id, "round": rnd}
+        if beside:
+            attrs["beside"] = beside
 
         def once(rep: int) -> None:
             start = self.now_s()
@@ -274,9 +328,81 @@ class Bench:
 
         # repetition numbers stay distinct over the rounds (the summary keys samples by them)
         self.repeat(active, once, self.args.case_budget_s, share=rounds,
-                    first=rnd * self.args.iters)
+                    first=rnd * self.args.iters,
+                    busy=self.training_loop(call, pg) if beside == "busy" else None)
+
+    def training_loop(self, call: Callable[[], Any], pg: Any) -> Busy:
+        """What the ranks of another group do meanwhile: a compute block (~10 ms, a training
+        unit's order), then the case's collective in their own group, over and over, free-
+        running (not aligned with the timed group) until `work` completes; after each round
+        the group agrees whether any member saw it complete, so all stop together."""
+        block = self.compute_block()
+
+        def run(work: Any) -> None:
+            flag = torch.zeros(1)
+            while True:
+                block()
+                call()
+                flag[0] = 1.0 if work.is_completed() else 0.0
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=pg)
+                if flag[0] > 0:
+                    return
+
+        return run
+
+    def compute_block(self) -> Callable[[], None]:
+        """The compute block's forward and backward over 256 tokens (~10 ms on one core)."""
+        if self._block is None:
+            h, f = self.args.hidden, self.args.ffn_hidden
+            gen = torch.Generator().manual_seed(self.rank)
+            w1 = (torch.randn(h, f, generator=gen) / h**0.5).requires_grad_()
+            w2 = (torch.randn(f, h, generator=gen) / f**0.5).requires_grad_()
+            x = torch.randn(256, h, generator=gen)
+
+            def block() -> None:
+                (torch.nn.functional.gelu(x @ w1) @ w2).sum().backward()
+                w1.grad = w2.grad = None
+
+            self._block = block
+        return self._block
 
     # ---- compute --------------------------------------------------------------------------
+    def compute_beside_busy(self, nbytes: int) -> None:
+        """The compute block on the first half of the ranks, (1) with every rank computing it
+        at once, in step, and (2) with the other half running the training-like loop (its own
+        all-gather of `nbytes`) out of step with it: how much slower, and how unevenly across
+        ranks, compute runs beside ranks that are out of step (federation groups on shared
+        cores). Only where the halves share host cores."""
+        half = list(range(self.world // 2))
+        rest = list(range(self.world // 2, self.world))
+        pg = dist.new_group(rest)  # every rank creates it
+        if not half or not self.shares_cores(half):
+            return
+        block = self.compute_block()
+        k = len(rest)
+        numel = max(k, (nbytes // 4) // k * k)
+        full, part = torch.zeros(numel), torch.zeros(numel // k)
+        loop = self.training_loop(lambda: _all_gather(full, part, group=pg), pg)
+        h, f = self.args.hidden, self.args.ffn_hidden
+        flops = 3 * 4 * 256 * h * f  # forward and backward of 256 tokens
+        for beside, active, busy in (("", True, None), ("busy", self.rank in half, loop)):
+            self.case += 1
+            attrs = {"tokens": 256, "hidden": h, "ffn_hidden": f, "dtype": "float32",
+                     "concurrent": self.world if not beside else len(half), "block": "mlp",
+                     "case": self.case, "flops": flops, "threads": torch.get_num_threads()}
+            if beside:
+                attrs["beside"] = beside
+
+            def once(rep: int, attrs: dict[str, Any] = attrs) -> None:
+                start = self.now_s()
+                t = time.perf_counter()
+                block()
+                if rep >= 0:
+                    self.span("forward_backward", "compute", start, time.perf_counter() - t,
+                              rep=rep, attrs=attrs)
+
+            self.repeat(active, once, busy=busy)
+
     def compute(self, flops_list: Sequence[float]) -> None:
         h, f = self.args.hidden, self.args.ffn_hidden
         torch.manual_seed(self.rank)
@@ -413,6 +539,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.comm(kinds, ops, sizes)
         if "compute" not in skip and _floats(args.flops):
             bench.compute(_floats(args.flops))
+            if args.beside_busy and bench.world > 1:
+                bench.compute_beside_busy(sorted(sizes)[len(sizes) // 2] if sizes else 1 << 20)
         if scenario is not None and not {"units", "optimizer"} <= skip:
             run_units(bench, scenario, skip)
         if "checks" not in skip and args.check_iters > 0 and bench.world > 1:

@@ -22,6 +22,7 @@ from .fit import (
     fit_comm,
     fit_fedavg,
     fit_optimizer,
+    fit_out_of_step,
     fit_units,
     optimizer_bytes_per_param,
 )
@@ -39,8 +40,9 @@ def _val(res: FitResult, name: str) -> float | None:
 
 def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str, Any]]:
     fits = [fit_comm(scn, samples), fit_units(samples), fit_optimizer(scn, samples),
-            fit_checks(samples), fit_fedavg(samples)]
-    comm, units, opt, checks, fedavg = fits
+            fit_checks(samples), fit_fedavg(samples), fit_out_of_step(samples, "comm"),
+            fit_out_of_step(samples, "compute")]
+    comm, units, opt, checks, fedavg, step, cstep = fits
     node = scn.cluster.node
     cluster: dict[str, Any] = {"node": {}}
     runtime: dict[str, Any] = {"compute": {}, "comm": {}, "host": {}}
@@ -113,6 +115,13 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
         if table:
             runtime["comm"][key] = table
             note(f"runtime.comm.{key}", comm)
+
+    for fit, section in ((step, "comm"), (cstep, "compute")):
+        for param in ("out_of_step_slowdown", "out_of_step_cv"):
+            v = _val(fit, param)
+            if v is not None:
+                runtime[section][param] = round(v, 4)
+                note(f"runtime.{section}.{param}", fit, param)
 
     # ---- compute: rate = peak x efficiency; the peak moves up if measured faster
     rates = {ph: _val(units, f"{ph}_flops_per_s") for ph in ("forward", "backward")}

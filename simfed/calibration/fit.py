@@ -354,6 +354,42 @@ def fit_fedavg(samples: Samples) -> FitResult:
     return res
 
 
+def fit_out_of_step(samples: Samples, what: str = "comm") -> FitResult:
+    """How much longer, and how much more unevenly across ranks, a collective (`what` comm) or
+    the compute block (compute) runs when the other ranks on its cores run a training-like loop
+    out of step with it (compute, then their own collectives, free-running) than when they run
+    the same work in step (every group at once from a barrier: the condition of the other
+    samples and of the simulator's in-step ranks).
+    - slowdown: t_busy = (1 + slowdown) x t_in_step, least squares through the origin;
+    - cv: a rank's time's relative standard deviation beyond that in step,
+      sqrt(cv_busy^2 - cv_in_step^2) per case, the median over cases."""
+    res = FitResult(kind=f"out_of_step_{what}")
+    pts = samples.beside if what == "comm" else samples.compute_beside
+    if not pts:
+        res.note = ("no beside-busy samples (the ranks have cores to themselves, or an older "
+                    f"bench): {what} is not slowed by out-of-step ranks")
+        return res
+    k, se = _through_origin(res, [p["all_groups_s"] for p in pts], [p["time_s"] for p in pts],
+                            [f"beside busy: {p['label']}" for p in pts])
+    for r, p in zip(res.residuals, pts, strict=True):
+        r["all_groups_s"] = p["all_groups_s"]
+        if p.get("idle_s") is not None:
+            r["idle_s"] = p["idle_s"]
+    slow = max(k - 1.0, 0.0)
+    res.params.append(Param("out_of_step_slowdown", slow, _ci(k - 1.0, se), ""))
+    if k < 1.0:
+        res.note = (f"{what} beside out-of-step ranks ran {1 - k:.1%} faster than in step: "
+                    "no slowdown")
+    excess = [math.sqrt(max(p["cv"] ** 2 - (p.get("all_groups_cv") or 0.0) ** 2, 0.0))
+              for p in pts if p.get("cv") is not None]
+    if excess:
+        cv = float(np.median(excess))
+        lo, hi = (np.percentile(excess, [2.5, 97.5]) if len(excess) > 2
+                  else (math.nan, math.nan))  # one or two cases: no interval
+        res.params.append(Param("out_of_step_cv", cv, (float(lo), float(hi)), ""))
+    return res
+
+
 def check_units(p: int) -> float:
     """Debug-check cost in gloo hops for a group of p (rank 0's per-peer cost = half a hop):
     (p-1) hops + 2(p-1) x 0.5 hop + 2 hops."""

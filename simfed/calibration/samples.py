@@ -86,6 +86,11 @@ class Samples:
     optimizer: list[OptimizerSample] = field(default_factory=list)
     fedavg: list[FedavgSample] = field(default_factory=list)
     checks: list[CheckSample] = field(default_factory=list)
+    # one group's collective while the other groups ran a training-like loop out of step with
+    # it, with the same case run by all groups in step and beside idle ranks (`_beside_rows`,
+    # `fit_out_of_step`)
+    beside: list[dict[str, Any]] = field(default_factory=list)
+    compute_beside: list[dict[str, Any]] = field(default_factory=list)  # the same for compute
     meta: dict[str, Any] = field(default_factory=dict)  # backend facts (impl, overlap)
     sources: list[str] = field(default_factory=list)
 
@@ -95,6 +100,8 @@ class Samples:
         self.optimizer += other.optimizer
         self.fedavg += other.fedavg
         self.checks += other.checks
+        self.beside += other.beside
+        self.compute_beside += other.compute_beside
         self.meta.update(other.meta)
         self.sources += other.sources
 
@@ -140,7 +147,10 @@ def read_bench(path: Path) -> Samples:
     host_cores = int(meta.get("host_cores", 0))
     if cores and host_cores:
         out.meta["host_cores"] = host_cores
+    out.beside += _beside_rows(data.get("comm", []), src)
     for row in data.get("comm", []):
+        if row.get("beside"):  # beside out-of-step work: not a sample of the wire/host model
+            continue
         op = row["op"]
         run_op = "all_reduce" if (op == "reduce_scatter"
                                   and out.meta["reduce_scatter_impl"] == "all_reduce") else op
@@ -158,8 +168,11 @@ def read_bench(path: Path) -> Samples:
         out.units.append(UnitSample(phase=row["phase"], flops=float(row["flops"]),
                                     time_s=float(row["time_s"]), source=src,
                                     label=f"{row.get('kind', 'unit')} {row['phase']}"))
+    out.compute_beside += _compute_beside_rows(data.get("compute", []), src)
     if not data.get("units"):  # fall back on the generic compute block
         for row in data.get("compute", []):
+            if row["phase"] not in ("forward", "backward"):
+                continue
             if int(row.get("concurrent", 1)) < per_node:
                 continue  # keep the rows measured under training-like contention
             out.units.append(UnitSample(phase=row["phase"], flops=float(row["flops"]),
@@ -176,6 +189,46 @@ def read_bench(path: Path) -> Samples:
             out.checks.append(CheckSample(group_size=int(row["group_size"]),
                                           time_s=float(row["detail_check_s"]), source=src))
     return out
+
+
+def _beside_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+    """Each one-group-beside-busy bench row with the same case run by all groups at once, in
+    step (every core's ranks in the same collective), and by one group beside idle ranks."""
+    def case(r: dict[str, Any]) -> tuple:
+        return (r["op"], r["group"], r["group_size"], r["nbytes"])
+
+    full: dict[tuple, dict[str, Any]] = {}
+    idle: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if r.get("beside"):
+            continue
+        k = case(r)
+        if int(r.get("concurrent_groups", 1)) == 1:
+            idle[k] = r
+        if k not in full or r["concurrent_groups"] > full[k]["concurrent_groups"]:
+            full[k] = r
+    out = []
+    for r in rows:
+        k = case(r)
+        if r.get("beside") != "busy" or k not in full or full[k]["concurrent_groups"] < 2:
+            continue
+        out.append({"label": f"{r['op']} {r['group']} p={r['group_size']} {r['nbytes']} B",
+                    "time_s": float(r["time_s"]), "all_groups_s": float(full[k]["time_s"]),
+                    "idle_s": float(idle[k]["time_s"]) if k in idle else None,
+                    "cv": r.get("rank_cv"), "all_groups_cv": full[k].get("rank_cv"),
+                    "source": src})
+    return out
+
+
+def _compute_beside_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+    """The bench's compute block beside a busy out-of-step half, with the same block run by
+    every rank in step."""
+    block = [r for r in rows if r.get("phase") == "forward_backward"]
+    step = {r["flops"]: r for r in block if not r.get("beside")}
+    return [{"label": f"compute block {r['flops']:.3g} FLOP", "time_s": float(r["time_s"]),
+             "all_groups_s": float(step[r["flops"]]["time_s"]), "cv": r.get("rank_cv"),
+             "all_groups_cv": step[r["flops"]].get("rank_cv"), "source": src}
+            for r in block if r.get("beside") == "busy" and r["flops"] in step]
 
 
 def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:

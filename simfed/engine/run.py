@@ -79,9 +79,10 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         for flag in (False, True)
     }
     part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS, lockstep)
-    sim = Simulation(hw=hw, plan=plan, part=part, programs=programs, aggregate_steps=agg_steps,
-                     steps=steps, comm=scn.runtime.comm, host=scn.runtime.host)
-    sim.run()
+    sim = _simulate(hw=hw, plan=plan, part=part, programs=programs, aggregate_steps=agg_steps,
+                    steps=steps, comm=scn.runtime.comm, host=scn.runtime.host,
+                    compute_slowdown=scn.runtime.compute.out_of_step_slowdown,
+                    compute_cv=scn.runtime.compute.out_of_step_cv)
     result = _summarise(scn, alg, plan, hw, sim, times, agg_steps)
     spans: list[Span] = []
     if trace:
@@ -91,6 +92,28 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     ops = sum(len(sim._program(s).ops) for s in range(steps)) * len(sim.states)
     result["sim_ops"] = ops
     return AlgorithmRun(result=result, spans=spans, events=ops)
+
+
+def _simulate(**kw: Any) -> Simulation:
+    """Run the simulation; where out-of-step ranks share host cores (`Simulation.core_mates`),
+    their collectives depend on how busy the other ranks are, which depends on the
+    collectives: iterate to the fixed point of each actor's busy share (a few passes)."""
+    sim = Simulation(**kw)
+    sim.run()
+    for _ in range(_BUSY_PASSES):
+        if not sim.core_mates:
+            break
+        share = {a: sim.busy_share(a) for a in range(len(sim.states))}
+        moved = max(abs(v - sim.mate_busy.get(a, 0.0)) for a, v in share.items())
+        if moved < _BUSY_TOL:
+            break
+        sim = Simulation(**kw, busy_share=share)
+        sim.run()
+    return sim
+
+
+_BUSY_PASSES = 8  # fixed-point passes over the busy shares (converges in 3-4)
+_BUSY_TOL = 1e-4
 
 
 def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simulation,

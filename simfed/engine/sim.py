@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 
+import numpy as np
 import simpy
+from scipy import special
 
 from ..collectives import collective_impl
 from ..hardware import Hardware
@@ -55,6 +58,7 @@ class ActorState:
     index: int
     issued: list[list[float]] = field(default_factory=list)  # [step][op] host issue time
     started: list[list[float]] = field(default_factory=list)
+    launched: list[list[float]] = field(default_factory=list)  # collectives: all had arrived
     done: list[list[float]] = field(default_factory=list)  # [step][op] completion time
     check_s: list[list[float]] = field(default_factory=list)  # host debug-check wait per op
     waiters: dict[tuple[int, int, int], simpy.Event] = field(default_factory=dict)
@@ -62,6 +66,18 @@ class ActorState:
 
 
 _ISSUED, _DONE = 0, 1
+
+
+@cache
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normal draws] (0 for one; 0.5642 for two, 1.0294 for
+    four), by quadrature of n x phi(x) Phi(x)^(n-1)."""
+    if n < 2:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 24001)
+    pdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1.0 + special.erf(x / math.sqrt(2)))
+    return float(np.trapezoid(x * n * pdf * cdf ** (n - 1), x))
 
 
 class _Rendezvous:
@@ -77,7 +93,9 @@ class _Rendezvous:
 class Simulation:
     def __init__(self, *, hw: Hardware, plan: ParallelPlan, part: Partition,
                  programs: dict[bool, Program], aggregate_steps: set[int], steps: int,
-                 comm: CommRuntime, host: HostRuntime):
+                 comm: CommRuntime, host: HostRuntime,
+                 busy_share: dict[int, float] | None = None,
+                 compute_slowdown: float = 0.0, compute_cv: float = 0.0):
         self.env = simpy.Environment()
         self.hw, self.plan, self.part = hw, plan, part
         self.programs = programs
@@ -94,6 +112,15 @@ class Simulation:
         self._private_links = self._find_private_links()
         # per process-group kind: host debug-check cost (instances of a kind have one size)
         self._check = {k: self.debug_check_s(c[0].size) for k, c in part.components.items()}
+        # CPU testbeds: per (kind, actor), the actors of ranks out of step with it on its cores
+        self.compute_slowdown, self.compute_cv = compute_slowdown, compute_cv
+        modelled = (comm.out_of_step_slowdown, comm.out_of_step_cv, compute_slowdown, compute_cv)
+        self.core_mates = self._find_core_mates() if any(modelled) else {}
+        self.mate_busy = busy_share or {}  # per actor: share of the run it is busy
+        # per actor: how often out-of-step ranks on its cores are busy (the mean field)
+        self.out_of_step = [self._mates_busy({b for (_k, a), m in self.core_mates.items()
+                                              if a == st.index for b in m})
+                            for st in self.states]
 
     # ---- links --------------------------------------------------------------------------
     def _link_classes(self) -> list[LinkClass]:
@@ -146,6 +173,70 @@ class Simulation:
         for plan in self._coll_cache.values():  # every collective the programs can issue
             plan.private = all(link in private for _l, d in plan.phases for link in d)
         return private
+
+    def _find_core_mates(self) -> dict[tuple[str, int], tuple[int, ...]]:
+        """Per (process-group kind, actor): the actors of the ranks that share a host core with
+        the actor's rank, belong to another federation group and are not in the collective.
+        Federation groups meet only at FedAvg, so between rounds such a rank is out of step
+        with the collective (a rank's own group is in step with it: its collectives join
+        them)."""
+        cores = self.hw.node_cores
+        if not cores or self.plan.groups < 2:
+            return {}
+        plan, part = self.plan, self.part
+        on_core: dict[int, list[int]] = defaultdict(list)
+        for r in range(plan.world):
+            for c in cores[plan.node_of(r)]:
+                on_core[c].append(r)
+        mates: dict[tuple[str, int], tuple[int, ...]] = {}
+        for kind in part.components:
+            for actor in part.actors:
+                r = actor.rank
+                inst = set(plan.group_of(kind, r))
+                group = plan.coords(r)[0]
+                found = {part.actor_of_rank[q] for c in cores[plan.node_of(r)] for q in on_core[c]
+                         if q not in inst and plan.coords(q)[0] != group}
+                if found:
+                    mates[(kind, actor.index)] = tuple(sorted(found))
+        return mates
+
+    def _mates_busy(self, mates: Iterable[int]) -> float:
+        """Share of time at least one of these (independent) actors is busy."""
+        free = 1.0
+        for b in mates:
+            free *= 1.0 - self.mate_busy.get(b, 0.0)
+        return 1.0 - free
+
+    def out_of_step_s(self, kind: str, comp: int, solo_s: float) -> float:
+        """Time a collective of a component loses to out-of-step ranks on its ranks' cores:
+        each member meets their work (compute, their own collectives) for the share of time
+        they are busy (independent phases: the mean field), and the collective ends with its
+        slowest member. The collective's own time is what in-step ranks give it (the
+        collective fit's samples ran every group at once from a barrier)."""
+        if not self.core_mates:
+            return 0.0
+        worst = max(self._mates_busy(self.core_mates.get((kind, a), ()))
+                    for a in self.part.components[kind][comp].actors)
+        return self.comm.out_of_step_slowdown * worst * solo_s
+
+    def busy_share(self, actor: int) -> float:
+        """Share of the run the actor's rank is busy on its core: computing, doing host work or
+        running a collective (from its launch: a rank waiting for its peers is idle)."""
+        st = self.states[actor]
+        spans = []
+        for step in range(self.steps):
+            for op in self._program(step).ops:
+                if op.kind in (COMPUTE, HOSTWORK, COLL):
+                    spans.append((st.launched[step][op.idx] if op.kind == COLL
+                                  else st.started[step][op.idx], st.done[step][op.idx]))
+        busy, reach = 0.0, 0.0
+        for a, b in sorted(spans):  # the union: a host op may overlap the streams
+            a = max(a, reach)
+            if b > a:
+                busy += b - a
+                reach = b
+        end = max(max(row) for row in st.done) if st.done else 0.0
+        return busy / end if end > 0 else 0.0
 
     def collective(self, kind: str, comp: int, op: str, nbytes: int) -> CollectivePlan:
         key = (kind, comp, op, nbytes)
@@ -235,6 +326,7 @@ class Simulation:
             n = len(prog.ops)
             st.issued.append([_INF] * n)
             st.started.append([_INF] * n)
+            st.launched.append([_INF] * n)
             st.done.append([_INF] * n)
             st.check_s.append([0.0] * n)
             for op in prog.ops:
@@ -272,6 +364,13 @@ class Simulation:
     def _stream(self, st: ActorState, stream: int) -> Iterator[simpy.Event]:
         factors = [float(f) for f in self.part.actors[st.index].factors]
         free = 0.0  # the stream's own clock: when its last op ends
+        # beside out-of-step ranks (share w of the time): compute is slower, and every op's
+        # time varies from rank to rank; the variance a rank's arrival has gathered since the
+        # group last met becomes, at the next collective, a wait for its latest member
+        w = self.out_of_step[st.index]
+        c_slow, c_sd = 1.0 + self.compute_slowdown * w, self.compute_cv * w
+        m_sd = self.comm.out_of_step_cv
+        var = 0.0
         for step in range(self.steps):
             prog = self._program(step)
             for op in prog.stream_ops[stream]:
@@ -281,11 +380,18 @@ class Simulation:
                 if op.after_prev_step and step > 0:
                     last = self._program(step - 1).last
                     start = max(start, (yield from self._time_of(st, _DONE, step - 1, last)))
-                st.started[step][op.idx] = start
                 if op.kind == COMPUTE:
-                    end = start + op.duration_s * factors[step]
+                    st.started[step][op.idx] = start
+                    d = op.duration_s * factors[step] * c_slow
+                    end = start + d
+                    var += (c_sd * d) ** 2
                 else:
                     comp = self.part.component_of[op.pg][st.index]
+                    st.started[step][op.idx] = start  # it waits inside for the others
+                    if var > 0:  # the group's expected latest arrival
+                        start += expected_max_normal(self.part.components[op.pg][comp].size) \
+                            * math.sqrt(var)
+                        var = 0.0
                     rv, last = self._arrive(("gpu", op.pg, comp, step, op.idx), op.pg, comp,
                                             start)
                     if last:
@@ -293,6 +399,10 @@ class Simulation:
                     if rv.result == _INF:
                         yield self._rv_event(rv)
                     end = rv.result
+                    st.launched[step][op.idx] = rv.latest
+                    if m_sd > 0 and (op.pg, st.index) in self.core_mates:
+                        var = (m_sd * self._mates_busy(self.core_mates[(op.pg, st.index)])
+                               * self.collective(op.pg, comp, op.coll, op.nbytes).solo_s) ** 2
                 free = end
                 self._set(st, _DONE, step, op.idx, end)
 
@@ -332,13 +442,15 @@ class Simulation:
         plan = self.collective(op.pg, comp, op.coll, op.nbytes)
         for k, b in plan.bytes_by_kind.items():
             self.bytes_by_kind[k] += b
+        extra = self.out_of_step_s(op.pg, comp, plan.solo_s)
         if plan.private:
-            self._resolve(rv, rv.latest + plan.solo_s)
+            self._resolve(rv, rv.latest + plan.solo_s + extra)
             return
         rv.event = rv.event or self.env.event()
-        self.env.process(self._transfer(rv, plan))
+        self.env.process(self._transfer(rv, plan, extra))
 
-    def _transfer(self, rv: _Rendezvous, plan: CollectivePlan) -> Iterator[simpy.Event]:
+    def _transfer(self, rv: _Rendezvous, plan: CollectivePlan, extra_s: float = 0.0
+                  ) -> Iterator[simpy.Event]:
         env = self.env
         if rv.latest > env.now:
             yield env.timeout(rv.latest - env.now)
@@ -346,6 +458,8 @@ class Simulation:
             if latency > 0:
                 yield env.timeout(latency)
             yield self.net.transfer(demand)
+        if extra_s > 0:
+            yield env.timeout(extra_s)
         self._resolve(rv, env.now)
 
     # ---- run ----------------------------------------------------------------------------

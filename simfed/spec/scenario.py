@@ -110,23 +110,33 @@ class ClusterSpec:
         return ranks_per_core(range(self.world), self.node.gpus, self.node.cpu_cores,
                               self.host_cores)
 
+    def node_cores(self) -> tuple[frozenset[int], ...]:
+        """Per node, the host cores its ranks run on (empty: cores are not modelled)."""
+        return tuple(node_cores(n, self.node.cpu_cores, self.host_cores)
+                     for n in range(self.nodes))
+
+
+def node_cores(node: int, cpu_cores: int, host_cores: int) -> frozenset[int]:
+    """The host cores of a node's ranks: its `cpu_cores` handed out in turn over `host_cores`
+    (as `realrun testbed` pins them; a set: more cores than the host has count each once), all
+    of the host's when unpinned; empty when neither is given (cores are plenty)."""
+    if cpu_cores <= 0:
+        return frozenset(range(host_cores))
+    first = node * cpu_cores
+    return frozenset((first + j) % host_cores if host_cores else first + j
+                     for j in range(cpu_cores))
+
 
 def ranks_per_core(ranks: Iterable[int], gpus_per_node: int, cpu_cores: int,
                    host_cores: int) -> float:
     """Most of `ranks` one host core carries when they run at once, each node's ranks spread
-    over its `cpu_cores` cores, handed out in turn over `host_cores` (as `realrun testbed` pins
-    them); 1.0 at least (a rank never runs faster for having a core to itself)."""
+    over its cores (`node_cores`); 1.0 at least (a rank never runs faster for having a core to
+    itself)."""
     if cpu_cores <= 0 and host_cores <= 0:
         return 1.0
     load: dict[int, float] = {}
     for r in ranks:
-        node = r // gpus_per_node
-        if cpu_cores <= 0:  # unpinned: every core of the host
-            cores = set(range(host_cores))
-        else:  # handed out in turn (a set: more cores than the host has count each once)
-            first = node * cpu_cores
-            cores = {(first + j) % host_cores if host_cores else first + j
-                     for j in range(cpu_cores)}
+        cores = node_cores(r // gpus_per_node, cpu_cores, host_cores)
         for c in cores:
             load[c] = load.get(c, 0.0) + 1.0 / len(cores)
     return max([1.0, *load.values()])
@@ -188,6 +198,14 @@ class ComputeRuntime:
     fedavg_local_GBps: float = param(
         0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
         "averaged buffer per second (0 = free)")
+    out_of_step_slowdown: float = param(
+        0.0, ge=0, doc="CPU testbeds: compute on a host core shared with busy ranks out of step "
+        "with it (another federation group's) takes (1 + this) times as long as beside ranks "
+        "computing in step (`realrun bench`'s compute-beside-busy case)")
+    out_of_step_cv: float = param(
+        0.0, ge=0, doc="... and runs unevenly across ranks: the relative standard deviation of a "
+        "rank's compute time beyond that of ranks in step; the group then waits at each "
+        "collective for its latest member")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +234,16 @@ class CommRuntime:
         "the link rate (CPU ranks: copies, reductions, the kernel's network stack on the node's "
         "cores), times the ranks sharing a core; added to the wire time (gloo does it between "
         "its transfers); a number, or {intra: t, inter: t}; missing: 0")
+
+    out_of_step_slowdown: float = param(
+        0.0, ge=0, doc="CPU testbeds: a collective whose ranks share host cores with busy ranks "
+        "out of step with it takes (1 + this) times as long as when those ranks run the same "
+        "collective in step (`realrun bench`'s one-group-beside-busy cases). Federation groups "
+        "on shared cores are out of step between FedAvg rounds; a collective meets the other "
+        "group's work for the share of time that group is busy (independent phases)")
+    out_of_step_cv: float = param(
+        0.0, ge=0, doc="... and its ranks finish it unevenly: the relative standard deviation of "
+        "a rank's collective time beyond that of ranks in step")
 
     def __post_init__(self) -> None:
         for key, ok, bound in (("op_bw_factor", lambda v: v > 0, "> 0"),

@@ -272,3 +272,49 @@ def test_fl_groups_of_several_nodes_are_benchmarked_as_the_plans_run_them():
     assert layout["nodes2"] == [[0, 1], [2, 3]]  # FL+FSDP's shard groups on 4 nodes of 1 rank
     assert scn.algorithm("fl_fsdp").plan(scn.cluster).groups == 2
     assert "nodes1" not in layout and "nodes4" not in layout  # intra / inter cover those
+
+
+def _reps_worker(rank: int, store: str, out: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from realrun.bench_worker import Bench
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    ran, busy = [], [0]
+
+    def fn(i: int) -> None:
+        time.sleep(0.05)  # the "collective" of the active rank
+        ran.append(i)
+
+    def work(barrier) -> None:  # until the active rank is done (it enters the barrier)
+        while not barrier.is_completed():
+            busy[0] += 1
+            time.sleep(0.002)
+
+    # two calls in a row (warm-up and timed, as repeat makes them), then a collective that
+    # only lines up if every rank made the same barrier calls
+    Bench._reps(range(-1, 0), rank == 0, fn, work)
+    Bench._reps(range(3), rank == 0, fn, work)
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    with open(f"{out}.{rank}", "w") as fh:
+        fh.write(json.dumps({"ran": ran, "busy": busy[0], "sum": float(t.item())}))
+    dist.destroy_process_group()
+
+
+def test_busy_ranks_work_until_the_active_ones_are_done(tmp_path):
+    """The one-group-beside-busy bench: the inactive ranks enter the next barrier early and
+    work until it completes; every rank still makes the same barrier calls."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "res")
+    mp.start_processes(_reps_worker, args=(str(tmp_path / "store"), out), nprocs=2,
+                       start_method="spawn")
+    r0 = json.loads((tmp_path / "res.0").read_text())
+    r1 = json.loads((tmp_path / "res.1").read_text())
+    assert r0["ran"] == [-1, 0, 1, 2] and r0["busy"] == 0
+    assert r1["ran"] == [] and r1["busy"] >= 4 * 5  # busy through four 50 ms repetitions
+    assert r0["sum"] == r1["sum"] == 3.0

@@ -271,3 +271,55 @@ def test_bench_groups_of_node_blocks_map_to_their_ranks():
     assert _bench_instances("nodes2", 2, 2, 4, 1) == ((0, 1), (2, 3))
     assert _bench_instances("nodes2", 2, 4, 4, 2) == ((0, 2), (1, 3), (4, 6), (5, 7))
     assert _bench_instances("nodes2", 2, 1, 4, 2) == ((0, 2),)
+
+
+def test_out_of_step_slowdown_from_the_bench(tmp_path):
+    """One group's collective while the other groups ran a training-like loop out of step with
+    it, against the same case run by every group at once, in step: the ratio is the simulator's
+    slowdown; those rows stay out of the collective fit (not wire or host work of its own)."""
+    from simfed.calibration.fit import fit_out_of_step
+    from simfed.calibration.samples import read_bench
+
+    rows = []
+    for op, nbytes, t_all in (("all_gather", 1 << 20, 0.010), ("all_gather", 4 << 20, 0.036),
+                              ("all_reduce", 4 << 20, 0.050)):
+        base = {"op": op, "group": "nodes2", "group_size": 2, "nodes": 2, "nbytes": nbytes,
+                "impl": "gloo", "samples": 3}
+        rows += [{**base, "concurrent_groups": 2, "time_s": t_all, "rank_cv": 0.03},
+                 {**base, "concurrent_groups": 1, "time_s": 0.8 * t_all, "rank_cv": 0.01},
+                 {**base, "concurrent_groups": 1, "beside": "busy", "time_s": 1.25 * t_all,
+                  "rank_cv": 0.05}]
+    block = {"phase": "forward_backward", "flops": 5e8, "hidden": 256, "ffn_hidden": 688}
+    compute = [{**block, "concurrent": 4, "time_s": 0.010, "rank_cv": 0.12},
+               {**block, "concurrent": 2, "beside": "busy", "time_s": 0.0115, "rank_cv": 0.2}]
+    meta = {"nodes": 4, "ranks_per_node": 1, "network": "testbed", "cores": 1,
+            "host_cores": 2, "link_rate_Gbps": 0.5, "impl": {}}
+    (tmp_path / "bench-summary.json").write_text(json.dumps({"meta": meta, "comm": rows,
+                                                             "compute": compute}))
+    samples = read_bench(tmp_path)
+    assert len(samples.comm) == 6  # the beside rows are not collective samples
+    assert len(samples.beside) == 3
+    assert not samples.units  # nor is the compute block a unit sample
+    assert [b["idle_s"] / b["all_groups_s"] for b in samples.beside] == pytest.approx([0.8] * 3)
+    res = fit_out_of_step(samples)
+    slow, cv = res.params
+    assert slow.value == pytest.approx(0.25)
+    assert slow.ci95[0] <= 0.25 <= slow.ci95[1]
+    assert cv.value == pytest.approx(0.04)  # sqrt(0.05^2 - 0.03^2): beyond the in-step spread
+    slow, cv = fit_out_of_step(samples, "compute").params
+    assert slow.value == pytest.approx(0.15) and cv.value == pytest.approx(0.16)
+    profile, _ = calibrate(load_scenario(TINY), samples)
+    assert profile["runtime"]["comm"]["out_of_step_slowdown"] == pytest.approx(0.25)
+    assert profile["runtime"]["comm"]["out_of_step_cv"] == pytest.approx(0.04)
+    assert profile["runtime"]["compute"]["out_of_step_slowdown"] == pytest.approx(0.15)
+    assert profile["runtime"]["compute"]["out_of_step_cv"] == pytest.approx(0.16)
+    assert profile["runtime"]["provenance"]["runtime.comm.out_of_step_slowdown"].startswith(
+        "fitted (out_of_step_comm, n=3")
+    # faster beside busy groups than in step: no slowdown
+    for b in samples.beside:
+        b["time_s"] = 0.9 * b["all_groups_s"]
+    assert fit_out_of_step(samples).params[0].value == 0.0
+    # no such rows (ranks with cores of their own): nothing fitted, and a note says why
+    samples.beside = []
+    res = fit_out_of_step(samples)
+    assert not res.params and "no beside-busy samples" in res.note

@@ -1,0 +1,130 @@
+"""Host cores shared by ranks that are out of step (CPU testbeds): federation groups pinned to
+the same cores meet only at FedAvg, so a collective of one group meets the other group's work
+for the share of time that group is busy, and runs slower by the benched slowdown."""
+
+import math
+
+import pytest
+
+from simfed.engine import simulate_algorithm
+from simfed.spec import load_scenario
+from simfed.spec.scenario import node_cores
+
+from ..conftest import SCENARIOS
+
+FOUR = {"cluster.host_cores": 2, "cluster.nodes": 4, "cluster.node.gpus": 1,
+        "algorithms.fl_fsdp.group_nodes": 2, "algorithms.fl_hsdp.group_nodes": 2,
+        "runtime.comm.overlap_compute": False}  # gloo: collectives block the rank
+
+
+def _scn(**over):
+    return load_scenario(SCENARIOS / "testbed.yaml", {**FOUR, **over})
+
+
+def _sim(scn, name):
+    """The simulation object of one algorithm (what `simulate_algorithm` runs)."""
+    import simfed.engine.run as run
+
+    seen = {}
+    real = run._simulate
+
+    def spy(**kw):
+        seen["sim"] = real(**kw)
+        return seen["sim"]
+
+    run._simulate = spy
+    try:
+        simulate_algorithm(scn, scn.algorithm(name))
+    finally:
+        run._simulate = real
+    return seen["sim"]
+
+
+def test_node_cores_follow_the_testbed_pinning():
+    assert [node_cores(n, 1, 2) for n in range(4)] == [{0}, {1}, {0}, {1}]
+    assert node_cores(0, 0, 2) == {0, 1}       # unpinned: all of the host's
+    assert node_cores(3, 2, 0) == {6, 7}       # a real cluster: cores of its own
+    assert node_cores(0, 0, 0) == frozenset()  # not modelled
+
+
+def test_out_of_step_mates_are_other_groups_on_the_same_core():
+    scn = _scn(**{"runtime.comm.out_of_step_slowdown": 0.3})
+    sim = _sim(scn, "fl_fsdp")
+    # 4 nodes of 1 rank on 2 cores: node n on core n % 2; groups {0, 1} and {2, 3}; each core
+    # carries one rank of each group. The shard collectives meet the other group's rank; the
+    # FedAvg all-reduce (fed: ranks 0, 2 and 1, 3) holds it, so it is in step.
+    assert ("shard", 0) in sim.core_mates
+    assert not [k for k in sim.core_mates if k[0] == "fed"]
+    # no federation groups, or groups that do not share cores: nothing out of step
+    assert not _sim(scn, "fsdp").core_mates
+    two = load_scenario(SCENARIOS / "testbed.yaml",
+                        {"cluster.host_cores": 2, "runtime.comm.out_of_step_slowdown": 0.3})
+    assert not _sim(two, "fl_fsdp").core_mates  # a group per node, a core per node
+
+
+def test_collectives_beside_out_of_step_ranks_are_slower():
+    base, slow = _scn(), _scn(**{"runtime.comm.out_of_step_slowdown": 0.3})
+    t = {(s, a): simulate_algorithm(scn, scn.algorithm(a)).result
+         for s, scn in (("base", base), ("slow", slow)) for a in ("fsdp", "fl_fsdp")}
+    # FSDP's ranks are all in step: unchanged
+    assert t["slow", "fsdp"]["step_time_s"] == t["base", "fsdp"]["step_time_s"]
+    # FL+FSDP's shard collectives meet the other group's work most of the time
+    b, s = t["base", "fl_fsdp"], t["slow", "fl_fsdp"]
+    gained = s["step_time_s"] - b["step_time_s"]
+    assert gained > 0.01 * b["step_time_s"]
+    # at most the slowdown times the collectives' time (were the other group always busy)
+    assert gained < 0.3 * b["exposed_comm_s"]
+    sim = _sim(slow, "fl_fsdp")
+    share = sim.mate_busy[0]
+    assert 0.5 < share <= 1.0  # busy but while it waits for peers (identical ranks: never)
+    # the fixed point: the share the last pass used is the share it produced
+    assert sim.busy_share(0) == pytest.approx(share, abs=1e-3)
+
+
+def test_expected_latest_of_n_normals():
+    from simfed.engine.sim import expected_max_normal
+
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-4)
+    assert expected_max_normal(4) == pytest.approx(1.0294, abs=1e-4)
+
+
+def test_uneven_ranks_out_of_step_wait_for_each_other():
+    """Beside out-of-step ranks, compute runs slower and unevenly across ranks: at every
+    collective the group waits for its latest member (the expected max of its arrivals), which
+    shows as time inside collectives; ranks in step (FSDP) keep the in-step pace."""
+    base = _scn()
+    uneven = _scn(**{"runtime.compute.out_of_step_cv": 0.2})
+    slower = _scn(**{"runtime.compute.out_of_step_slowdown": 0.15})
+    r = {(n, a): simulate_algorithm(s, s.algorithm(a)).result
+         for n, s in (("base", base), ("uneven", uneven), ("slower", slower))
+         for a in ("fsdp", "fl_fsdp", "fl_hsdp")}
+    for n in ("uneven", "slower"):
+        assert r[n, "fsdp"] == r["base", "fsdp"]
+    for a in ("fl_fsdp", "fl_hsdp"):
+        b, u, s = r["base", a], r["uneven", a], r["slower", a]
+        # uneven: the same compute, longer in collectives (the waits), a longer step
+        assert u["compute_s"] == pytest.approx(b["compute_s"])
+        assert u["exposed_comm_s"] > b["exposed_comm_s"] and u["step_time_s"] > b["step_time_s"]
+        # each wait is 0.5642 x cv x sqrt(sum of squared compute times since the last
+        # collective), so all of them add up to less than cv x the compute
+        assert u["step_time_s"] - b["step_time_s"] < 0.2 * b["compute_s"]
+        # slower: compute x 1.15 (the mates are always busy), collectives as before
+        assert s["compute_s"] == pytest.approx(1.15 * b["compute_s"])
+
+
+def test_the_fixed_point_is_deterministic():
+    scn = _scn(**{"runtime.comm.out_of_step_slowdown": 0.3})
+    a = simulate_algorithm(scn, scn.algorithm("fl_hsdp")).result
+    b = simulate_algorithm(scn, scn.algorithm("fl_hsdp")).result
+    assert a == b
+
+
+def test_mates_need_cores_to_be_modelled():
+    """A cluster whose nodes have cores of their own (no host_cores, no cpu_cores): nothing is
+    shared, so nothing is out of step."""
+    over = {k: v for k, v in FOUR.items() if k != "cluster.host_cores"}
+    scn = load_scenario(SCENARIOS / "testbed.yaml",
+                        {**over, "cluster.node.cpu_cores": 0,
+                         "runtime.comm.out_of_step_slowdown": 0.3})
+    assert not _sim(scn, "fl_fsdp").core_mates
