@@ -22,7 +22,7 @@ from ..spec.units import dtype_nbytes, us_to_s
 from .actors import partition
 from .program import StepTimes, build_program
 from .sim import Simulation
-from .timeline import actor_spans, busy_and_exposed, peak_unsharded_bytes, step_bounds
+from .timeline import actor_spans, busy_and_exposed, busy_share, peak_unsharded_bytes, step_bounds
 
 
 @dataclass
@@ -103,7 +103,7 @@ def _simulate(**kw: Any) -> Simulation:
     for _ in range(_BUSY_PASSES):
         if not sim.core_mates:
             break
-        share = {a: sim.busy_share(a) for a in range(len(sim.states))}
+        share = {a: busy_share(sim, a) for a in range(len(sim.states))}
         moved = max(abs(v - sim.mate_busy.get(a, 0.0)) for a, v in share.items())
         if moved < _BUSY_TOL:
             break

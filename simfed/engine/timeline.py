@@ -92,6 +92,20 @@ def busy_and_exposed(sim: Simulation, actor: int) -> tuple[float, float]:
     return _length(cu), _minus(_union(comm), cu)
 
 
+def busy_share(sim: Simulation, actor: int) -> float:
+    """Share of the run the actor's rank is busy on its core: computing, doing host work or
+    running a collective (from its launch: a rank waiting for its peers is idle)."""
+    st = sim.states[actor]
+    spans = []
+    for step in range(sim.steps):
+        for op in sim._program(step).ops:
+            if op.kind in (COMPUTE, HOSTWORK, COLL):
+                spans.append((st.launched[step][op.idx] if op.kind == COLL
+                              else st.started[step][op.idx], st.done[step][op.idx]))
+    end = max(max(row) for row in st.done) if st.done else 0.0
+    return _length(_union(spans)) / end if end > 0 else 0.0
+
+
 def peak_unsharded_bytes(sim: Simulation, actor: int, unit_nbytes: tuple[int, ...]) -> float:
     """Most bytes of all-gathered (unsharded) units alive at once: allocated when the
     all-gather starts, freed when the compute that consumes it ends."""

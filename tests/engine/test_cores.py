@@ -7,6 +7,7 @@ import math
 import pytest
 
 from simfed.engine import simulate_algorithm
+from simfed.engine.timeline import busy_share
 from simfed.spec import load_scenario
 from simfed.spec.scenario import node_cores
 
@@ -78,7 +79,7 @@ def test_collectives_beside_out_of_step_ranks_are_slower():
     share = sim.mate_busy[0]
     assert 0.5 < share <= 1.0  # busy but while it waits for peers (identical ranks: never)
     # the fixed point: the share the last pass used is the share it produced
-    assert sim.busy_share(0) == pytest.approx(share, abs=1e-3)
+    assert busy_share(sim, 0) == pytest.approx(share, abs=1e-3)
 
 
 def test_expected_latest_of_n_normals():
