@@ -4,8 +4,9 @@ samples, read from realrun bench summaries, realrun traces and PyTorch profiler 
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,18 @@ class Samples:
         self.compute_beside += other.compute_beside
         self.meta.update(other.meta)
         self.sources += other.sources
+
+    def refreshed(self, fresh: Samples) -> Samples:
+        """These samples with each kind of compute measurement that `fresh` holds (per-unit
+        compute, optimizer, FedAvg local work, compute beside out-of-step ranks) taken from
+        `fresh` instead: a re-benchmark of the host right before the runs to predict."""
+        kinds = ("units", "optimizer", "fedavg", "compute_beside")
+        out = Samples(**{f.name: copy.copy(getattr(self, f.name)) for f in fields(self)})
+        for k in kinds:
+            if getattr(fresh, k):
+                setattr(out, k, list(getattr(fresh, k)))
+        out.sources += fresh.sources
+        return out
 
 
 def _bench_instances(group: str, size: int, concurrent: int, nodes: int, per_node: int

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import simulate
-from ..spec.scenario import Scenario, ValidationShape, load_scenario
+from ..spec.scenario import REBENCH_PARTS, Scenario, ValidationShape, load_scenario
 from ..spec.schema import SpecError
 from ..spec.trace import read_trace
-from . import calibrate, read_inputs, write_profile
+from . import Samples, calibrate, read_inputs, write_profile
 
 PHASES = ("forward", "backward", "optimizer", "aggregation")
 COMM = "collectives"
@@ -64,6 +64,9 @@ class Runner:
             shutil.which("realrun")
         cmd = [exe] if exe else [sys.executable, "-m", "realrun.cli"]
         cmd += args
+        if os.geteuid() != 0:
+            raise SpecError(f"validate: the testbed needs root (euid is {os.geteuid()}); run as "
+                            f"root, or give measurements already in the output folder (--reuse)")
         log.parent.mkdir(parents=True, exist_ok=True)
         self.echo("  $ realrun " + " ".join(args))
         env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -125,13 +128,27 @@ def _median_of(ms: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _calibrate(scn: Scenario, samples: Samples, out: Path, shape: str, source: str
+               ) -> tuple[Path, dict[str, Any]]:
+    """Fit a profile on benchmarks alone; write it (profile[-SHAPE].yaml) and its report."""
+    profile, report = calibrate(scn, samples)
+    suffix = f"-{shape}" if shape else ""
+    what = f"{len(set(samples.sources))} bench summaries of {source}" + (
+        f", compute re-benchmarked right before shape {shape}" if shape else "")
+    path = write_profile(out / f"profile{suffix}.yaml", profile,
+                         header=f"simfed calibrate: fitted on realrun micro-benchmarks only "
+                                f"({what}); never on end-to-end runs")
+    (out / f"calibration{suffix}.json").write_text(
+        json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return path, report
+
+
 def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
              reuse: bool = True, skip_runs: bool = False) -> dict[str, Any]:
     scn = load_scenario(scenario)
     shapes = scn.validation.shapes or default_shapes(scn)
     runner = Runner(echo)
     out.mkdir(parents=True, exist_ok=True)
-    needs_root = not skip_runs
     # ---- 1. benchmarks
     bench_sets = [{}] + [dict(s) for s in scn.validation.bench_sets]
     bench_dirs = []
@@ -141,9 +158,6 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
         if reuse and (d / "bench-summary.json").exists():
             echo(f"bench {i}: reusing {d}")
             continue
-        if needs_root and os.geteuid() != 0:
-            raise SpecError(f"validate: the testbed needs root (euid is {os.geteuid()}); run as "
-                            f"root, or give measurements already in {out} (--reuse)")
         echo(f"bench {i}: {sets or 'scenario as is'}")
         skip = sets.pop("skip", "")  # parts of `realrun bench` this set leaves out
         runner.realrun(["bench", str(scenario), "--testbed", "--out", str(d), *_fmt_sets(sets),
@@ -151,37 +165,47 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                        out / "logs" / f"bench{i}.log")
     # ---- 2. calibration on the benchmarks only
     samples = read_inputs(bench_dirs, scn.cluster.node.gpus)
-    profile, report = calibrate(scn, samples)
-    profile_path = write_profile(
-        out / "profile.yaml", profile,
-        header=f"simfed calibrate: fitted on realrun micro-benchmarks only ({len(bench_dirs)} "
-               f"bench run(s) of {scenario.name}); never on end-to-end runs")
-    (out / "calibration.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    profile_path, report = _calibrate(scn, samples, out, "", scenario.name)
     echo(f"profile: {profile_path}")
     # ---- 3. end-to-end runs, 4. predictions
     rows = []
     repeats = scn.validation.repeats
+    rebench = scn.validation.rebench
     for shape in shapes:
         sets = dict(shape.set or {})
         algs = list(shape.algorithms) or [a.label or a.name for a in scn.algorithms]
-        for rep in range(repeats):
+        shape_profile = profile_path
+        todo = [rep for rep in range(repeats) if any(
+            not reuse or not (out / "runs" / shape.name / f"rep{rep}" / a / "summary.json")
+            .exists() for a in algs)]
+        if todo and skip_runs:
+            raise SpecError(f"validate: no measurements for shape {shape.name!r} in "
+                            f"{out / 'runs' / shape.name} (launches {todo})")
+        if rebench:
+            # the host's compute again, right before this shape's launches, in its layout
+            d = out / "bench" / f"shape-{shape.name}"
+            if todo or not (reuse and (d / "bench-summary.json").exists()):
+                if skip_runs:
+                    raise SpecError(f"validate: no re-benchmark for shape {shape.name!r} in {d}")
+                echo(f"re-bench {shape.name}: {', '.join(rebench)}")
+                skip = [p for p in REBENCH_PARTS if p not in rebench] + ["comm", "checks"]
+                runner.realrun(["bench", str(scenario), "--testbed", "--out", str(d),
+                                *_fmt_sets(sets), "--skip", ",".join(skip)],
+                               out / "logs" / f"bench-{shape.name}.log")
+            fresh = read_inputs([d], scn.cluster.node.gpus)
+            shape_profile, _ = _calibrate(scn, samples.refreshed(fresh), out, shape.name,
+                                          scenario.name)
+        for rep in todo:
             run_dir = out / "runs" / shape.name / f"rep{rep}"
             missing = [a for a in algs
                        if not reuse or not (run_dir / a / "summary.json").exists()]
-            if not missing:
-                continue
-            if skip_runs:
-                raise SpecError(f"validate: no measurements for shape {shape.name!r} in "
-                                f"{run_dir} ({', '.join(missing)})")
-            if os.geteuid() != 0:
-                raise SpecError(f"validate: the testbed needs root (euid is {os.geteuid()})")
             echo(f"shape {shape.name} (launch {rep + 1}/{repeats}): {', '.join(missing)} "
                  f"{sets or ''}")
             runner.realrun(["testbed", "run", str(scenario), *_fmt_sets(sets), "--",
                             str(scenario), *_fmt_sets(sets), "--algorithm", ",".join(missing),
                             "--out", str(run_dir)],
                            out / "logs" / f"run-{shape.name}-rep{rep}.log")
-        pscn = load_scenario(scenario, sets, profile=profile_path)
+        pscn = load_scenario(scenario, sets, profile=shape_profile)
         pred, _ = simulate(pscn, algorithms=algs)
         by_name = {r["name"]: r for r in pred["algorithms"]}
         for a in algs:
@@ -191,6 +215,7 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
             err = (p["step_time_s"] - m["step_time_s"]) / m["step_time_s"]
             rows.append({
                 "name": f"{shape.name}/{a}", "shape": shape.name, "set": sets, "algorithm": a,
+                "profile": str(shape_profile),
                 "predicted_step_time_s": p["step_time_s"],
                 "measured_step_time_s": m["step_time_s"], "error": err,
                 "measured_launches_s": m["launches"],

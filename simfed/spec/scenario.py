@@ -401,6 +401,10 @@ class StragglerSpec:
 # validation plan (simfed validate)
 
 
+# the parts of `realrun bench` that measure compute (the rest: comm, checks)
+REBENCH_PARTS = ("compute", "units", "optimizer")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ValidationShape:
     name: str
@@ -415,6 +419,16 @@ class ValidationSpec:
     bench_sets: tuple[dict[str, Any], ...] = param(
         (), doc="extra overrides to run the benchmarks at (other layouts, link rates, model "
         "sizes); the key `skip` passes `realrun bench --skip` (e.g. skip: units,optimizer)")
+    rebench: tuple[str, ...] = param(
+        (), doc="compute parts of `realrun bench` (compute, units, optimizer) run again right "
+        "before each shape's launches, in its layout; the shape is predicted with them in place "
+        "of the first benchmarks' (a host's speed drifts over a long validation)")
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.rebench) - set(REBENCH_PARTS))
+        if bad:
+            raise SpecError(f"validation.rebench: {', '.join(bad)} is not a compute part of "
+                            f"`realrun bench` (expected some of {', '.join(REBENCH_PARTS)})")
 
 
 # ---------------------------------------------------------------------------------------------

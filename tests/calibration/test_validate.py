@@ -35,17 +35,8 @@ def _bench(folder, rate_Gbps: float) -> None:
     (folder / "bench-summary.json").write_text(json.dumps({"meta": meta, "comm": rows}))
 
 
-def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
-    scn_path = tmp_path / "scn.yaml"
-    scn_path.write_text(
-        f"include: {TINY}\n"
-        "validation:\n"
-        "  repeats: 3\n"
-        "  bench_sets: [{cluster.node.nics.bw_Gbps: 5.0, skip: units}]\n"
-        "  shapes: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n")
-    out = tmp_path / "out"
-    _bench(out / "bench" / "set0", 10.0)
-    _bench(out / "bench" / "set1", 5.0)
+def _launches(out) -> None:
+    """The end-to-end launches of shape `base` (LAUNCHES), as realrun writes them."""
     for alg, times in LAUNCHES.items():
         for rep, t in enumerate(times):
             d = out / "runs" / "base" / f"rep{rep}" / alg
@@ -61,6 +52,20 @@ def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
                              attrs={"phase": "backward"}),
                         Span("all_gather", "comm", rank, step, 0.0, 5.0,  # not training
                              attrs={"phase": "eval"}))])
+
+
+def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
+    scn_path = tmp_path / "scn.yaml"
+    scn_path.write_text(
+        f"include: {TINY}\n"
+        "validation:\n"
+        "  repeats: 3\n"
+        "  bench_sets: [{cluster.node.nics.bw_Gbps: 5.0, skip: units}]\n"
+        "  shapes: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n")
+    out = tmp_path / "out"
+    _bench(out / "bench" / "set0", 10.0)
+    _bench(out / "bench" / "set1", 5.0)
+    _launches(out)
     res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
 
     rows = {r["algorithm"]: r for r in res["runs"]}
@@ -98,3 +103,49 @@ def test_validate_without_measurements_names_the_missing_shape(tmp_path):
     _bench(tmp_path / "out" / "bench" / "set0", 10.0)
     with pytest.raises(SpecError, match="no measurements for shape 'base'"):
         validate(scn_path, tmp_path / "out", echo=lambda _m: None, skip_runs=True)
+
+
+def _units(folder, flops_per_s: float) -> None:
+    """Per-unit compute rows (forward and backward at two sizes) at a given speed."""
+    p = folder / "bench-summary.json"
+    data = json.loads(p.read_text())
+    data["units"] = [{"phase": ph, "flops": f, "time_s": 1e-3 + f / flops_per_s, "kind": "unit"}
+                     for ph in ("forward", "backward") for f in (1e9, 4e9)]
+    p.write_text(json.dumps(data))
+
+
+def test_rebench_predicts_each_shape_with_the_compute_measured_right_before_it(tmp_path):
+    from simfed.spec import SpecError
+
+    scn_path = tmp_path / "scn.yaml"
+    text = (f"include: {TINY}\n"
+            "validation:\n"
+            "  repeats: 3\n"
+            "  rebench: [units]\n"
+            "  shapes: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n")
+    scn_path.write_text(text)
+    out = tmp_path / "out"
+    _bench(out / "bench" / "set0", 10.0)
+    _units(out / "bench" / "set0", 2e12)
+    _launches(out)
+    with pytest.raises(SpecError, match="no re-benchmark for shape 'base'"):
+        validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
+    # the host ran twice as fast right before the launches: the shape is predicted at that speed
+    fresh = out / "bench" / "shape-base"
+    fresh.mkdir(parents=True)
+    (fresh / "bench-summary.json").write_text(json.dumps({"meta": {}}))
+    _units(fresh, 4e12)
+    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
+    first = load_scenario(scn_path, profile=res["profile"])
+    assert all(r["profile"] == str(out / "profile-base.yaml") for r in res["runs"])
+    shape = load_scenario(scn_path, profile=out / "profile-base.yaml")
+    for ph in ("forward", "backward"):
+        assert getattr(shape.runtime.compute, f"efficiency_{ph}") * \
+            shape.cluster.node.gpu.peak_tflops == pytest.approx(
+                2 * getattr(first.runtime.compute, f"efficiency_{ph}") *
+                first.cluster.node.gpu.peak_tflops, rel=1e-3)
+    # the collectives still come from the first benchmarks
+    assert shape.runtime.comm.nic_efficiency == first.runtime.comm.nic_efficiency
+    scn_path.write_text(text.replace("[units]", "[units, comm]"))
+    with pytest.raises(SpecError, match="validation.rebench: comm is not a compute part"):
+        load_scenario(scn_path)
