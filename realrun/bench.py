@@ -34,7 +34,12 @@ sample of one. Times in seconds, sizes in bytes.
   plain matmul block (not the model); phase forward_backward (the block's forward and
   backward over 256 tokens, where half of the ranks share cores with the other half): every
   rank at once (in step), and with beside "busy" the first half while the other half runs a
-  training-like loop out of step with it; both with rank_cv (as for comm).
+  training-like loop out of step with it; both with rank_cv (as for comm). Phase loop: the
+  first half runs the training-like loop itself (the block, then an all-gather of nbytes in its
+  own group, free-running), beside idle ranks or beside the other half's loop (beside idle |
+  busy), with time_s (the block), coll_time_s (the all-gather, waits included) and
+  arrival_sd_s (how far apart, in seconds, the group's ranks reached each all-gather: a rank's
+  standard deviation from each round's range).
 - checks: [{group_size, nodes, all_reduce_tiny_off_s, all_reduce_tiny_detail_s, detail_check_s,
   monitored_barrier_s, all_gather_tiny_s}]: host costs of TORCH_DISTRIBUTED_DEBUG=DETAIL.
 - units: [{unit (ModelSpec.units index: 0 = root, 1.. = decoder layers), name, kind (root |
@@ -244,10 +249,10 @@ def _slowest_median(reps: dict[int, float]) -> tuple[float, float, int]:
 _NORMAL_RANGE = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847}
 
 
-def rank_cv(reps: dict[Any, dict[int, float]]) -> float | None:
-    """How unevenly ranks ran one repetition, relative to its mean: the standard deviation of a
-    rank's time estimated from each repetition's range over its ranks (range / its expected
-    value for that many normal draws), averaged over repetitions, over the mean time."""
+def _rank_sds(reps: dict[Any, dict[int, float]]) -> tuple[list[float], list[float]]:
+    """Per repetition with 2+ ranks: the standard deviation of a rank's value estimated from
+    the range over its ranks (range / its expected value for that many normal draws), and the
+    mean value."""
     sds, means = [], []
     for ranks in reps.values():
         n = len(ranks)
@@ -256,9 +261,23 @@ def rank_cv(reps: dict[Any, dict[int, float]]) -> float | None:
         d = list(ranks.values())
         sds.append((max(d) - min(d)) / _NORMAL_RANGE.get(n, 3.0))
         means.append(statistics.fmean(d))
+    return sds, means
+
+
+def rank_cv(reps: dict[Any, dict[int, float]]) -> float | None:
+    """How unevenly ranks ran one repetition, relative to its mean: a rank's standard
+    deviation (`_rank_sds`), averaged over repetitions, over the mean time."""
+    sds, means = _rank_sds(reps)
     if not sds or statistics.fmean(means) <= 0:
         return None
     return statistics.fmean(sds) / statistics.fmean(means)
+
+
+def rank_sd(reps: dict[Any, dict[int, float]]) -> float | None:
+    """How far apart ranks did one thing (e.g. reached a collective), in seconds: a rank's
+    standard deviation (`_rank_sds`) averaged over repetitions."""
+    sds, _means = _rank_sds(reps)
+    return statistics.fmean(sds) if sds else None
 
 
 def summarize(out: str | Path) -> dict[str, Any]:
@@ -271,6 +290,9 @@ def summarize(out: str | Path) -> dict[str, Any]:
     cpu: dict[tuple, dict[int, float]] = defaultdict(dict)  # the same for CPU seconds
     # case -> repetition -> rank -> own time (how unevenly the ranks of one repetition ran)
     per_rank: dict[tuple, dict[Any, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    # the free-running loop: case -> [(block, all-gather)], case -> round -> rank -> arrival
+    loops: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    arrivals: dict[tuple, dict[Any, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for s in spans:
         a = s.attrs
         bench = a.get("bench", "")
@@ -291,6 +313,11 @@ def summarize(out: str | Path) -> dict[str, Any]:
             rep = (a["group_index"], s.step)
             comm[key][rep] = max(comm[key].get(rep, 0.0), s.dur_s)
             per_rank[("comm", *key)][rep][s.rank] = s.dur_s
+        elif s.cat == "compute" and s.name == "loop":
+            key = (a["concurrent"], a["flops"], a["hidden"], a["ffn_hidden"], a["beside"],
+                   a["nbytes"])
+            loops[key].append((s.dur_s, float(a["coll_s"])))
+            arrivals[key][s.step][s.rank] = s.start_s
         elif s.cat == "compute":
             key = (s.name, a["concurrent"], a["flops"], a["hidden"], a["ffn_hidden"],
                    a.get("beside", ""))
@@ -325,6 +352,15 @@ def summarize(out: str | Path) -> dict[str, Any]:
         if beside:
             row["beside"] = beside
         compute_rows.append(row)
+    for key, times in sorted(loops.items()):
+        conc, flops, h, f, beside, nbytes = key
+        block = statistics.median(b for b, _c in times)
+        compute_rows.append({
+            "phase": "loop", "concurrent": conc, "flops": flops, "hidden": h, "ffn_hidden": f,
+            "beside": beside, "nbytes": nbytes, "time_s": block,
+            "gflops_per_s": flops / block / 1e9, "coll_time_s": statistics.median(
+                c for _b, c in times), "samples": len(arrivals[key]),
+            "arrival_sd_s": rank_sd(arrivals[key])})
     by_size: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
     for (k, nodes, name, debug), durs in checks.items():
         by_size[(k, nodes)][f"{name}_{debug}" if debug else name] = statistics.median(durs)
@@ -422,7 +458,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         for r in summary["compute"]:
             lines.append(f"{r['phase']:<10}{r['concurrent']:>5}{r['flops']:>10.3g}"
                          f"{str(r['hidden']) + 'x' + str(r['ffn_hidden']):>11}"
-                         f"{r['time_s'] * 1e3:>10.3f}{r['gflops_per_s']:>9.2f}")
+                         f"{r['time_s'] * 1e3:>10.3f}{r['gflops_per_s']:>9.2f}"
+                         + (f"  beside {r['beside']}: all-gather {r['coll_time_s'] * 1e3:.1f} "
+                            f"ms, arrivals {r['arrival_sd_s'] * 1e3:.2f} ms apart (sd)"
+                            if r["phase"] == "loop" and r["arrival_sd_s"] is not None else ""))
     if summary["checks"]:
         lines.append(f"{'p':>3}{'nodes':>6}{'ar_off_us':>11}{'ar_detail_us':>13}"
                      f"{'check_us':>10}{'mbarrier_us':>12}{'ag_tiny_us':>11}")
@@ -495,7 +534,7 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
     scn = _scenario(scenario, sets)
     hidden, ffn = (scn.model.hidden, scn.model.ffn_hidden) if scn else (256, 1024)
     ops, groups = parse_names(ops, OPS, "ops"), parse_names(groups, GROUP_KINDS, "groups")
-    size_list = resolve_sizes(sizes, scn) if "comm" not in skipped else [LATENCY_NBYTES]
+    size_list = resolve_sizes(sizes, scn)  # also the out-of-step compute cases' all-gather
     flops_list = parse_flops(flops) if flops.strip() else []
     if testbed and nproc is not None:
         raise BenchError("--nproc: the testbed runs node.gpus ranks per node; drop --nproc")

@@ -63,6 +63,7 @@ from .config import parse_overrides
 from .errors import RealrunError
 from .unitbench import UnitBench, shard_sizes
 
+LOOP_ROUNDS_PER_ITER = 4  # rounds of the free-running loop case per --iters
 Busy = Callable[[Any], None]  # what idle ranks do during a repetition, given its end barrier
 
 DEFAULT_SIZES = (4096, 65536, 524288, 2097152)
@@ -402,6 +403,41 @@ class Bench:
                               rep=rep, attrs=attrs)
 
             self.repeat(active, once, busy=busy)
+        self.loop_spread(half, part.numel(), loop)
+
+    def loop_spread(self, half: list[int], shard_numel: int, loop: Busy) -> None:
+        """The first half runs the training-like loop itself (the compute block, then an
+        all-gather in its own group, free-running as a federation group between FedAvg rounds)
+        beside idle ranks and beside the other half's loop, out of step: each rank records when
+        it reached each all-gather, so the summary can tell how far apart a group's members
+        arrive (the wait the earliest ones spend in the collective), with and without
+        out-of-step ranks on their cores."""
+        pg = dist.new_group(half)  # every rank creates it
+        block = self.compute_block()
+        mine = self.rank in half
+        full, part = torch.zeros(shard_numel * len(half)), torch.zeros(shard_numel)
+        rounds = self.args.iters * LOOP_ROUNDS_PER_ITER
+        h, f = self.args.hidden, self.args.ffn_hidden
+        for beside, busy in (("idle", None), ("busy", loop)):
+            self.case += 1
+            attrs = {"tokens": 256, "hidden": h, "ffn_hidden": f, "dtype": "float32",
+                     "concurrent": len(half), "block": "mlp", "case": self.case,
+                     "flops": 3 * 4 * 256 * h * f, "beside": beside, "nbytes": full.numel() * 4,
+                     "threads": torch.get_num_threads()}
+
+            def run(_rep: int, attrs: dict[str, Any] = attrs) -> None:
+                for i in range(-self.args.warmup, rounds):
+                    t = time.perf_counter()
+                    block()
+                    arrive = self.now_s()
+                    t_block = time.perf_counter() - t
+                    t = time.perf_counter()
+                    _all_gather(full, part, group=pg)
+                    if i >= 0:
+                        self.span("loop", "compute", arrive, t_block, rep=i,
+                                  attrs={**attrs, "coll_s": time.perf_counter() - t})
+
+            self._reps(range(1), mine, run, busy)
 
     def compute(self, flops_list: Sequence[float]) -> None:
         h, f = self.args.hidden, self.args.ffn_hidden

@@ -39,10 +39,11 @@ def _val(res: FitResult, name: str) -> float | None:
 
 
 def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str, Any]]:
+    cstep = fit_out_of_step(samples, "compute")
+    step = fit_out_of_step(samples, "comm", compute_cv=_val(cstep, "out_of_step_cv") or 0.0)
     fits = [fit_comm(scn, samples), fit_units(samples), fit_optimizer(scn, samples),
-            fit_checks(samples), fit_fedavg(samples), fit_out_of_step(samples, "comm"),
-            fit_out_of_step(samples, "compute")]
-    comm, units, opt, checks, fedavg, step, cstep = fits
+            fit_checks(samples), fit_fedavg(samples), step, cstep]
+    comm, units, opt, checks, fedavg = fits[:5]
     node = scn.cluster.node
     cluster: dict[str, Any] = {"node": {}}
     runtime: dict[str, Any] = {"compute": {}, "comm": {}, "host": {}}

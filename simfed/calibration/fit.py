@@ -23,6 +23,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from ..collectives import collective_impl
+from ..engine.sim import expected_max_normal
 from ..hardware import Hardware
 from ..network.geometry import ring_load
 from ..network.links import NIC, NVLINK, SWITCH
@@ -354,7 +355,8 @@ def fit_fedavg(samples: Samples) -> FitResult:
     return res
 
 
-def fit_out_of_step(samples: Samples, what: str = "comm") -> FitResult:
+def fit_out_of_step(samples: Samples, what: str = "comm", compute_cv: float = 0.0
+                    ) -> FitResult:
     """How much longer, and how much more unevenly across ranks, a collective (`what` comm) or
     the compute block (compute) runs when the other ranks on its cores run a training-like loop
     out of step with it (compute, then their own collectives, free-running) than when they run
@@ -362,32 +364,66 @@ def fit_out_of_step(samples: Samples, what: str = "comm") -> FitResult:
     samples and of the simulator's in-step ranks).
     - slowdown: t_busy = (1 + slowdown) x t_in_step, least squares through the origin;
     - cv: a rank's time's relative standard deviation beyond that in step,
-      sqrt(cv_busy^2 - cv_in_step^2) per case, the median over cases."""
+      sqrt(cv_busy^2 - cv_in_step^2) per case, the median over cases. For collectives, where
+      the bench ran the training-like loop itself (`Samples.loops`), the cv comes from how far
+      apart the loop's ranks reached its all-gather instead, which is what the simulator's
+      waits are made of: beside out-of-step ranks against beside idle ones, less the compute
+      block's own spread (`compute_cv`), over the all-gather's time less its waits."""
     res = FitResult(kind=f"out_of_step_{what}")
     pts = samples.beside if what == "comm" else samples.compute_beside
-    if not pts:
+    loops = samples.loops if what == "comm" else []
+    if not pts and not loops:
         res.note = ("no beside-busy samples (the ranks have cores to themselves, or an older "
                     f"bench): {what} is not slowed by out-of-step ranks")
         return res
-    k, se = _through_origin(res, [p["all_groups_s"] for p in pts], [p["time_s"] for p in pts],
-                            [f"beside busy: {p['label']}" for p in pts])
-    for r, p in zip(res.residuals, pts, strict=True):
-        r["all_groups_s"] = p["all_groups_s"]
-        if p.get("idle_s") is not None:
-            r["idle_s"] = p["idle_s"]
-    slow = max(k - 1.0, 0.0)
-    res.params.append(Param("out_of_step_slowdown", slow, _ci(k - 1.0, se), ""))
-    if k < 1.0:
-        res.note = (f"{what} beside out-of-step ranks ran {1 - k:.1%} faster than in step: "
-                    "no slowdown")
+    notes = []
+    if pts:
+        k, se = _through_origin(res, [p["all_groups_s"] for p in pts],
+                                [p["time_s"] for p in pts],
+                                [f"beside busy: {p['label']}" for p in pts])
+        for r, p in zip(res.residuals, pts, strict=True):
+            r["all_groups_s"] = p["all_groups_s"]
+            if p.get("idle_s") is not None:
+                r["idle_s"] = p["idle_s"]
+        res.params.append(Param("out_of_step_slowdown", max(k - 1.0, 0.0), _ci(k - 1.0, se), ""))
+        if k < 1.0:
+            notes.append(f"{what} beside out-of-step ranks ran {1 - k:.1%} faster than in "
+                         "step: no slowdown")
     excess = [math.sqrt(max(p["cv"] ** 2 - (p.get("all_groups_cv") or 0.0) ** 2, 0.0))
               for p in pts if p.get("cv") is not None]
+    if loops:
+        excess = [_loop_cv(p, compute_cv) for p in loops]
+        notes.append(f"cv from {len(loops)} free-running loop case(s): " + ", ".join(
+            f"{p['label']}: arrivals {p['arrival_sd_s'] * 1e3:.1f} ms apart beside busy ranks, "
+            f"{p['idle_arrival_sd_s'] * 1e3:.1f} beside idle" for p in loops))
+    res.note = "; ".join(notes)
     if excess:
         cv = float(np.median(excess))
         lo, hi = (np.percentile(excess, [2.5, 97.5]) if len(excess) > 2
                   else (math.nan, math.nan))  # one or two cases: no interval
         res.params.append(Param("out_of_step_cv", cv, (float(lo), float(hi)), ""))
+        for p in loops:  # the arrival spread each loop case gets back from the fitted cv
+            got = math.sqrt(p["idle_arrival_sd_s"] ** 2 + (compute_cv * p["block_s"]) ** 2
+                            + (cv * _loop_solo_s(p)) ** 2)
+            res.residuals.append({"label": f"arrival spread: {p['label']}",
+                                  "measured_s": p["arrival_sd_s"], "predicted_s": got,
+                                  "rel_error": (got - p["arrival_sd_s"]) / p["arrival_sd_s"]})
     return res
+
+
+def _loop_solo_s(p: dict[str, Any]) -> float:
+    """The loop's all-gather beside idle ranks less its expected wait (a rank waits, on
+    average, E[max of n normals] x sd for the latest of its group)."""
+    return p["idle_coll_s"] - expected_max_normal(p["group_size"]) * p["idle_arrival_sd_s"]
+
+
+def _loop_cv(p: dict[str, Any], compute_cv: float) -> float:
+    """A collective's end spread beside out-of-step ranks, relative to its own time, from the
+    bench's loop: the arrival spread (a rank's sd) beyond that beside idle ranks, less the
+    block's share (compute_cv x block), over the all-gather's own time (`_loop_solo_s`)."""
+    extra = p["arrival_sd_s"] ** 2 - p["idle_arrival_sd_s"] ** 2 - (compute_cv * p["block_s"]) ** 2
+    solo = _loop_solo_s(p)
+    return math.sqrt(max(extra, 0.0)) / solo if solo > 0 else 0.0
 
 
 def check_units(p: int) -> float:

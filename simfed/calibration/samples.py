@@ -92,6 +92,9 @@ class Samples:
     # `fit_out_of_step`)
     beside: list[dict[str, Any]] = field(default_factory=list)
     compute_beside: list[dict[str, Any]] = field(default_factory=list)  # the same for compute
+    # the training-like loop itself beside out-of-step ranks and beside idle ones: how far
+    # apart a group's ranks reach each collective (`_loop_rows`)
+    loops: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)  # backend facts (impl, overlap)
     sources: list[str] = field(default_factory=list)
 
@@ -103,18 +106,22 @@ class Samples:
         self.checks += other.checks
         self.beside += other.beside
         self.compute_beside += other.compute_beside
+        self.loops += other.loops
         self.meta.update(other.meta)
         self.sources += other.sources
 
     def refreshed(self, fresh: Samples) -> Samples:
-        """These samples with each kind of compute measurement that `fresh` holds (per-unit
-        compute, optimizer, FedAvg local work, compute beside out-of-step ranks) taken from
-        `fresh` instead: a re-benchmark of the host right before the runs to predict."""
-        kinds = ("units", "optimizer", "fedavg", "compute_beside")
+        """These samples with each compute rate that `fresh` measured (per-unit compute,
+        optimizer, FedAvg local work) taken from `fresh` instead, a re-benchmark of the host
+        right before the runs to predict; `fresh`'s out-of-step cases join the others (how
+        unevenly ranks run is a property of the layout, not of the host's speed that day, and
+        one case alone is a noisy estimate)."""
         out = Samples(**{f.name: copy.copy(getattr(self, f.name)) for f in fields(self)})
-        for k in kinds:
+        for k in ("units", "optimizer", "fedavg"):
             if getattr(fresh, k):
                 setattr(out, k, list(getattr(fresh, k)))
+        out.compute_beside += fresh.compute_beside
+        out.loops += fresh.loops
         out.sources += fresh.sources
         return out
 
@@ -182,6 +189,7 @@ def read_bench(path: Path) -> Samples:
                                     time_s=float(row["time_s"]), source=src,
                                     label=f"{row.get('kind', 'unit')} {row['phase']}"))
     out.compute_beside += _compute_beside_rows(data.get("compute", []), src)
+    out.loops += _loop_rows(data.get("compute", []), src)
     if not data.get("units"):  # fall back on the generic compute block
         for row in data.get("compute", []):
             if row["phase"] not in ("forward", "backward"):
@@ -242,6 +250,19 @@ def _compute_beside_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str,
              "all_groups_s": float(step[r["flops"]]["time_s"]), "cv": r.get("rank_cv"),
              "all_groups_cv": step[r["flops"]].get("rank_cv"), "source": src}
             for r in block if r.get("beside") == "busy" and r["flops"] in step]
+
+
+def _loop_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+    """The bench's free-running loop (compute block, then an all-gather in the group) beside a
+    busy out-of-step half, with the same loop beside idle ranks."""
+    loop = [r for r in rows if r.get("phase") == "loop" and r.get("arrival_sd_s") is not None]
+    idle = {(r["flops"], r["nbytes"]): r for r in loop if r["beside"] == "idle"}
+    return [{"label": f"loop {r['flops']:.3g} FLOP + all-gather {r['nbytes']} B",
+             "group_size": int(r["concurrent"]), "block_s": float(r["time_s"]),
+             "arrival_sd_s": float(r["arrival_sd_s"]),
+             "idle_arrival_sd_s": float(idle[k]["arrival_sd_s"]),
+             "idle_coll_s": float(idle[k]["coll_time_s"]), "source": src}
+            for r in loop if r["beside"] == "busy" and (k := (r["flops"], r["nbytes"])) in idle]
 
 
 def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:

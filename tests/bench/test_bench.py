@@ -305,6 +305,25 @@ def _reps_worker(rank: int, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+def test_summary_of_the_free_running_loop_says_how_far_apart_ranks_arrive(tmp_path):
+    """The loop case: per case (beside idle | busy), the median block and all-gather, and how
+    far apart the ranks reached each all-gather (a rank's sd from each round's range)."""
+    meta = {"world_size": 4, "nodes": 4, "network": "testbed", "host_cores": 2}
+    attrs = {"flops": 5e8, "concurrent": 2, "hidden": 8, "ffn_hidden": 16, "nbytes": 4096}
+    arrive = {"idle": [(0.0, 0.001), (1.0, 1.003)], "busy": [(0.0, 0.010), (1.0, 1.030)]}
+    for rank in (0, 1):
+        write_trace(tmp_path / f"bench-rank{rank}.jsonl", meta, [
+            Span(name="loop", cat="compute", rank=rank, step=i, start_s=times[i][rank],
+                 dur_s=0.01 * (rank + 1), attrs={**attrs, "beside": beside, "coll_s": 0.04})
+            for beside, times in arrive.items() for i in range(2)])
+    rows = {r["beside"]: r for r in summarize(tmp_path)["compute"]}
+    assert rows["idle"]["arrival_sd_s"] == pytest.approx((0.001 + 0.003) / 2 / 1.128)
+    assert rows["busy"]["arrival_sd_s"] == pytest.approx((0.010 + 0.030) / 2 / 1.128)
+    assert rows["busy"]["time_s"] == pytest.approx(0.015)  # median of the ranks' blocks
+    assert rows["busy"]["coll_time_s"] == pytest.approx(0.04)
+    assert rows["busy"]["samples"] == 2 and rows["busy"]["phase"] == "loop"
+
+
 def test_busy_ranks_work_until_the_active_ones_are_done(tmp_path):
     """The one-group-beside-busy bench: the inactive ranks enter the next barrier early and
     work until it completes; every rank still makes the same barrier calls."""

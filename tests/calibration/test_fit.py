@@ -2,6 +2,7 @@
 and write a profile a scenario can run with."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -323,3 +324,48 @@ def test_out_of_step_slowdown_from_the_bench(tmp_path):
     samples.beside = []
     res = fit_out_of_step(samples)
     assert not res.params and "no beside-busy samples" in res.note
+
+
+def test_collective_spread_from_the_free_running_loop(tmp_path):
+    """The bench's training-like loop (block, then an all-gather) beside out-of-step ranks and
+    beside idle ones: the arrival spread beyond the idle one's, less the block's own spread, is
+    the collectives' end spread the simulator turns into waits; the fit gives each case's
+    spread back, and a re-benchmark adds its loop cases to the others."""
+    from simfed.calibration.fit import _loop_solo_s, fit_out_of_step
+    from simfed.calibration.samples import Samples, read_bench
+    from simfed.engine.sim import expected_max_normal
+
+    loop = {"phase": "loop", "flops": 5e8, "hidden": 256, "ffn_hidden": 688, "concurrent": 2,
+            "nbytes": 2_902_016}
+    block = {"phase": "forward_backward", "flops": 5e8, "hidden": 256, "ffn_hidden": 688}
+    compute = [{**loop, "beside": "idle", "time_s": 0.008, "coll_time_s": 0.042,
+                "arrival_sd_s": 0.010},
+               {**loop, "beside": "busy", "time_s": 0.012, "coll_time_s": 0.051,
+                "arrival_sd_s": 0.013},
+               {**block, "concurrent": 4, "time_s": 0.010, "rank_cv": 0.0},
+               {**block, "concurrent": 2, "beside": "busy", "time_s": 0.010, "rank_cv": 0.25}]
+    meta = {"nodes": 4, "ranks_per_node": 1, "network": "testbed", "cores": 1,
+            "host_cores": 2, "link_rate_Gbps": 0.5, "impl": {}}
+    (tmp_path / "bench-summary.json").write_text(json.dumps({"meta": meta, "comm": [],
+                                                             "compute": compute}))
+    samples = read_bench(tmp_path)
+    assert len(samples.loops) == 1 and not samples.beside
+    solo = 0.042 - expected_max_normal(2) * 0.010  # the all-gather less its mean wait
+    assert _loop_solo_s(samples.loops[0]) == pytest.approx(solo)
+    want = math.sqrt(0.013**2 - 0.010**2 - (0.25 * 0.012) ** 2) / solo
+    res = fit_out_of_step(samples, "comm", compute_cv=0.25)
+    assert [p.name for p in res.params] == ["out_of_step_cv"]  # no slowdown without its cases
+    assert res.params[0].value == pytest.approx(want)
+    assert res.residuals[0]["predicted_s"] == pytest.approx(0.013)
+    profile, _ = calibrate(load_scenario(TINY), samples)
+    assert profile["runtime"]["comm"]["out_of_step_cv"] == pytest.approx(want, abs=1e-4)
+    # without the compute block's share the whole excess goes to the collective
+    assert fit_out_of_step(samples, "comm").params[0].value == pytest.approx(
+        math.sqrt(0.013**2 - 0.010**2) / solo)
+    # a re-benchmark: its rates replace the first bench's, its out-of-step cases join them
+    fresh = read_bench(tmp_path)
+    fresh.units = [object()]  # a unit sample measured right before the runs
+    both = samples.refreshed(fresh)
+    assert len(both.loops) == 2 and len(both.compute_beside) == 2
+    assert both.units == fresh.units and not samples.units and len(samples.loops) == 1
+    assert isinstance(both, Samples)
