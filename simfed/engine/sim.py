@@ -351,7 +351,10 @@ class Simulation:
         w = self.out_of_step[st.index]
         c_slow, c_sd = 1.0 + self.compute_slowdown * w, self.compute_cv * w
         m_sd = self.comm.out_of_step_cv
-        var = 0.0
+        # per process-group kind: the variance gathered since that group last met (a
+        # collective of one group does not bring the members of another into step: FL groups
+        # drift apart over the K steps between FedAvg rounds)
+        var = {k: 0.0 for k, of in self.part.component_of.items() if of[st.index] is not None}
         for step in range(self.steps):
             prog = self._program(step)
             for op in prog.stream_ops[stream]:
@@ -365,14 +368,15 @@ class Simulation:
                     st.started[step][op.idx] = start
                     d = op.duration_s * factors[step] * c_slow
                     end = start + d
-                    var += (c_sd * d) ** 2
+                    for k in var:
+                        var[k] += (c_sd * d) ** 2
                 else:
                     comp = self.part.component_of[op.pg][st.index]
                     st.started[step][op.idx] = start  # it waits inside for the others
-                    if var > 0:  # the group's expected latest arrival
+                    if var[op.pg] > 0:  # the group's expected latest arrival
                         start += expected_max_normal(self.part.components[op.pg][comp].size) \
-                            * math.sqrt(var)
-                        var = 0.0
+                            * math.sqrt(var[op.pg])
+                        var[op.pg] = 0.0
                     rv, last = self._arrive(("gpu", op.pg, comp, step, op.idx), op.pg, comp,
                                             start)
                     if last:
@@ -382,8 +386,12 @@ class Simulation:
                     end = rv.result
                     st.launched[step][op.idx] = rv.latest
                     if m_sd > 0 and (op.pg, st.index) in self.core_mates:
-                        var = (m_sd * self._mates_busy(self.core_mates[(op.pg, st.index)])
-                               * self.collective(op.pg, comp, op.coll, op.nbytes).solo_s) ** 2
+                        # where this rank's end falls among its members': apart from the
+                        # group just met, and further apart from the others
+                        e2 = (m_sd * self._mates_busy(self.core_mates[(op.pg, st.index)])
+                              * self.collective(op.pg, comp, op.coll, op.nbytes).solo_s) ** 2
+                        for k in var:
+                            var[k] = e2 if k == op.pg else var[k] + e2
                 free = end
                 self._set(st, _DONE, step, op.idx, end)
 

@@ -129,3 +129,20 @@ def test_mates_need_cores_to_be_modelled():
                         {**over, "cluster.node.cpu_cores": 0,
                          "runtime.comm.out_of_step_slowdown": 0.3})
     assert not _sim(scn, "fl_fsdp").core_mates
+
+
+def test_federation_groups_drift_apart_between_fedavg_rounds():
+    """A group's own collectives keep its ranks in step with each other, not with the other
+    group: the arrival variance towards the FedAvg all-reduce gathers over all K steps since
+    the last round, so the wait there grows with K (as sqrt(K): twice the sd at K=4)."""
+    wait = {}
+    for cv in (0.0, 0.2):
+        for k in (1, 4):
+            scn = _scn(**{"runtime.compute.out_of_step_cv": cv,
+                          "algorithms.fl_fsdp.aggregate_every": k})
+            wait[cv, k] = simulate_algorithm(
+                scn, scn.algorithm("fl_fsdp")).result["aggregation_per_event_s"]
+    assert wait[0.0, 1] == pytest.approx(wait[0.0, 4])  # in step: no wait at either K
+    w1, w4 = wait[0.2, 1] - wait[0.0, 1], wait[0.2, 4] - wait[0.0, 4]
+    assert w1 > 0.001
+    assert 1.5 < w4 / w1 < 2.2
