@@ -39,7 +39,11 @@ sample of one. Times in seconds, sizes in bytes.
   own group, free-running), beside idle ranks or beside the other half's loop (beside idle |
   busy), with time_s (the block), coll_time_s (the all-gather, waits included) and
   arrival_sd_s (how far apart, in seconds, the group's ranks reached each all-gather: a rank's
-  standard deviation from each round's range).
+  standard deviation from each round's range). Phase drift: two federation groups on cores of
+  their own (the halves of the nodes) each run that loop loop_iters times, free, from a common
+  barrier, with time_s (a round, a group's last member's end from the barrier), drift_rms_s
+  (how far apart the groups ended: the root mean square of the difference over rounds) and
+  drift_mean_s (its mean: group 0 minus group 1).
 - checks: [{group_size, nodes, all_reduce_tiny_off_s, all_reduce_tiny_detail_s, detail_check_s,
   monitored_barrier_s, all_gather_tiny_s}]: host costs of TORCH_DISTRIBUTED_DEBUG=DETAIL.
 - units: [{unit (ModelSpec.units index: 0 = root, 1.. = decoder layers), name, kind (root |
@@ -64,6 +68,7 @@ sample of one. Times in seconds, sizes in bytes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
@@ -293,6 +298,9 @@ def summarize(out: str | Path) -> dict[str, Any]:
     # the free-running loop: case -> [(block, all-gather)], case -> round -> rank -> arrival
     loops: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     arrivals: dict[tuple, dict[Any, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    # two groups drifting apart: case -> round -> group -> [(start, end) of each member]
+    drifts: dict[tuple, dict[int, dict[int, list[tuple[float, float]]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list)))
     for s in spans:
         a = s.attrs
         bench = a.get("bench", "")
@@ -313,6 +321,10 @@ def summarize(out: str | Path) -> dict[str, Any]:
             rep = (a["group_index"], s.step)
             comm[key][rep] = max(comm[key].get(rep, 0.0), s.dur_s)
             per_rank[("comm", *key)][rep][s.rank] = s.dur_s
+        elif s.cat == "compute" and s.name == "drift":
+            key = (a["concurrent"], a["flops"], a["hidden"], a["ffn_hidden"], a["nbytes"],
+                   a["group_size"], a["loop_iters"])
+            drifts[key][s.step][int(a["drift_group"])].append((s.start_s, s.start_s + s.dur_s))
         elif s.cat == "compute" and s.name == "loop":
             key = (a["concurrent"], a["flops"], a["hidden"], a["ffn_hidden"], a["beside"],
                    a["nbytes"])
@@ -361,6 +373,7 @@ def summarize(out: str | Path) -> dict[str, Any]:
             "gflops_per_s": flops / block / 1e9, "coll_time_s": statistics.median(
                 c for _b, c in times), "samples": len(arrivals[key]),
             "arrival_sd_s": rank_sd(arrivals[key])})
+    compute_rows += _drift_rows(drifts)
     by_size: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
     for (k, nodes, name, debug), durs in checks.items():
         by_size[(k, nodes)][f"{name}_{debug}" if debug else name] = statistics.median(durs)
@@ -373,6 +386,35 @@ def summarize(out: str | Path) -> dict[str, Any]:
         check_rows.append(row)
     return {"meta": meta, "comm": comm_rows, "compute": compute_rows, "checks": check_rows,
             **_unit_rows(units, cpu)}
+
+
+def _drift_rows(drifts: dict[tuple, dict[int, dict[int, list[tuple[float, float]]]]]
+                ) -> list[dict[str, Any]]:
+    """Per drift case: the round's time (a group's, from the common barrier to the group's
+    last member's end; median over rounds) and how far apart the two groups finished it: the
+    root mean square over rounds of the difference of their ends (a systematic lead of one
+    group counts: it is a wait for the other at FedAvg)."""
+    rows = []
+    for key, rounds in sorted(drifts.items()):
+        conc, flops, h, f, nbytes, k, iters = key
+        took, diffs = [], []
+        for groups in rounds.values():
+            if len(groups) != 2:
+                continue
+            start = min(t0 for g in groups.values() for t0, _t1 in g)
+            ends = [max(t1 for _t0, t1 in groups[g]) for g in sorted(groups)]
+            took += [e - start for e in ends]
+            diffs.append(ends[0] - ends[1])
+        if not diffs:
+            continue
+        t = statistics.median(took)
+        rows.append({"phase": "drift", "concurrent": conc, "flops": flops, "hidden": h,
+                     "ffn_hidden": f, "nbytes": nbytes, "group_size": k, "loop_iters": iters,
+                     "time_s": t, "gflops_per_s": flops * iters / t / 1e9,
+                     "samples": len(diffs), "drift_rms_s": math.sqrt(
+                         statistics.fmean(d * d for d in diffs)),
+                     "drift_mean_s": statistics.fmean(diffs)})
+    return rows
 
 
 def _unit_rows(cases: dict[tuple, dict[int, float]], cpu_cases: dict[tuple, dict[int, float]]
@@ -461,7 +503,10 @@ def format_summary(summary: dict[str, Any]) -> str:
                          f"{r['time_s'] * 1e3:>10.3f}{r['gflops_per_s']:>9.2f}"
                          + (f"  beside {r['beside']}: all-gather {r['coll_time_s'] * 1e3:.1f} "
                             f"ms, arrivals {r['arrival_sd_s'] * 1e3:.2f} ms apart (sd)"
-                            if r["phase"] == "loop" and r["arrival_sd_s"] is not None else ""))
+                            if r["phase"] == "loop" and r["arrival_sd_s"] is not None else "")
+                         + (f"  x{r['loop_iters']} loops, two groups: ends "
+                            f"{r['drift_rms_s'] * 1e3:.1f} ms apart (rms)"
+                            if r["phase"] == "drift" else ""))
     if summary["checks"]:
         lines.append(f"{'p':>3}{'nodes':>6}{'ar_off_us':>11}{'ar_detail_us':>13}"
                      f"{'check_us':>10}{'mbarrier_us':>12}{'ag_tiny_us':>11}")

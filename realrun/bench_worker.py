@@ -64,6 +64,8 @@ from .errors import RealrunError
 from .unitbench import UnitBench, shard_sizes
 
 LOOP_ROUNDS_PER_ITER = 4  # rounds of the free-running loop case per --iters
+DRIFT_LOOP_ITERS = 48  # loop iterations per round of the group-drift case (~0.8 s on a core)
+DRIFT_ROUNDS_PER_ITER = 2  # rounds of the group-drift case per --iters
 Busy = Callable[[Any], None]  # what idle ranks do during a repetition, given its end barrier
 
 DEFAULT_SIZES = (4096, 65536, 524288, 2097152)
@@ -439,6 +441,45 @@ class Bench:
 
             self._reps(range(1), mine, run, busy)
 
+    def group_drift(self, nbytes: int) -> None:
+        """Two federation groups on cores of their own (the first and the second half of the
+        nodes) each run the training-like loop (the compute block, then an all-gather of
+        `nbytes` in the group) DRIFT_LOOP_ITERS times, free, from a common barrier, as FL
+        groups between FedAvg rounds: each rank records its round, so the summary can tell how
+        far apart independent groups finish the same work (the wait at the next FedAvg). Only
+        with 2+ nodes whose halves share no core (where they do, the groups are out of step on
+        shared cores: `loop_spread`)."""
+        if self.nodes < 2:
+            return
+        cut = self.nodes // 2 * self.ranks_per_node
+        halves = [list(range(cut)), list(range(cut, self.world))]
+        pgs = [dist.new_group(h) for h in halves]  # every rank creates both
+        if self.shares_cores(halves[0]):
+            return
+        mine = 0 if self.rank < cut else 1
+        pg, k = pgs[mine], len(halves[mine])
+        numel = max(k, (nbytes // 4) // k * k)
+        full, part = torch.zeros(numel), torch.zeros(numel // k)
+        block = self.compute_block()
+        h, f = self.args.hidden, self.args.ffn_hidden
+        self.case += 1
+        attrs = {"tokens": 256, "hidden": h, "ffn_hidden": f, "dtype": "float32",
+                 "concurrent": self.world, "block": "mlp", "case": self.case,
+                 "flops": 3 * 4 * 256 * h * f, "nbytes": numel * 4, "group_size": k,
+                 "drift_group": mine, "loop_iters": DRIFT_LOOP_ITERS,
+                 "threads": torch.get_num_threads()}
+        for rnd in range(-1, self.args.iters * DRIFT_ROUNDS_PER_ITER):  # round -1: warm-up
+            dist.barrier()
+            start = self.now_s()
+            t = time.perf_counter()
+            for _ in range(DRIFT_LOOP_ITERS):
+                block()
+                if k > 1:
+                    _all_gather(full, part, group=pg)
+            if rnd >= 0:
+                self.span("drift", "compute", start, time.perf_counter() - t, rep=rnd,
+                          attrs=attrs)
+
     def compute(self, flops_list: Sequence[float]) -> None:
         h, f = self.args.hidden, self.args.ffn_hidden
         torch.manual_seed(self.rank)
@@ -577,6 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.compute(_floats(args.flops))
             if args.beside_busy and bench.world > 1:
                 bench.compute_beside_busy(sorted(sizes)[len(sizes) // 2] if sizes else 1 << 20)
+                bench.group_drift(sorted(sizes)[len(sizes) // 2] if sizes else 1 << 20)
         if scenario is not None and not {"units", "optimizer"} <= skip:
             run_units(bench, scenario, skip)
         if "checks" not in skip and args.check_iters > 0 and bench.world > 1:

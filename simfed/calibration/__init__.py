@@ -21,6 +21,7 @@ from .fit import (
     fit_checks,
     fit_comm,
     fit_fedavg,
+    fit_group_drift,
     fit_optimizer,
     fit_out_of_step,
     fit_units,
@@ -42,7 +43,7 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
     cstep = fit_out_of_step(samples, "compute")
     step = fit_out_of_step(samples, "comm", compute_cv=_val(cstep, "out_of_step_cv") or 0.0)
     fits = [fit_comm(scn, samples), fit_units(samples), fit_optimizer(scn, samples),
-            fit_checks(samples), fit_fedavg(samples), step, cstep]
+            fit_checks(samples), fit_fedavg(samples), step, cstep, fit_group_drift(samples)]
     comm, units, opt, checks, fedavg = fits[:5]
     node = scn.cluster.node
     cluster: dict[str, Any] = {"node": {}}
@@ -123,6 +124,12 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
             if v is not None:
                 runtime[section][param] = round(v, 4)
                 note(f"runtime.{section}.{param}", fit, param)
+
+    drift = fits[-1]
+    v = _val(drift, "group_drift_ms_per_sqrt_s")
+    if v is not None:
+        runtime["compute"]["group_drift_ms_per_sqrt_s"] = round(v, 3)
+        note("runtime.compute.group_drift_ms_per_sqrt_s", drift, "group_drift_ms_per_sqrt_s")
 
     # ---- compute: rate = peak x efficiency; the peak moves up if measured faster
     rates = {ph: _val(units, f"{ph}_flops_per_s") for ph in ("forward", "backward")}

@@ -95,6 +95,9 @@ class Samples:
     # the training-like loop itself beside out-of-step ranks and beside idle ones: how far
     # apart a group's ranks reach each collective (`_loop_rows`)
     loops: list[dict[str, Any]] = field(default_factory=list)
+    # two groups on cores of their own running that loop free from a common start: how far
+    # apart they finish (`_drift_rows`, `fit_group_drift`)
+    drifts: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)  # backend facts (impl, overlap)
     sources: list[str] = field(default_factory=list)
 
@@ -107,21 +110,23 @@ class Samples:
         self.beside += other.beside
         self.compute_beside += other.compute_beside
         self.loops += other.loops
+        self.drifts += other.drifts
         self.meta.update(other.meta)
         self.sources += other.sources
 
     def refreshed(self, fresh: Samples) -> Samples:
         """These samples with each compute rate that `fresh` measured (per-unit compute,
         optimizer, FedAvg local work) taken from `fresh` instead, a re-benchmark of the host
-        right before the runs to predict; `fresh`'s out-of-step cases join the others (how
-        unevenly ranks run is a property of the layout, not of the host's speed that day, and
-        one case alone is a noisy estimate)."""
+        right before the runs to predict; `fresh`'s out-of-step and drift cases join the others
+        (how unevenly ranks run is a property of the layout, not of the host's speed that day,
+        and one case alone is a noisy estimate)."""
         out = Samples(**{f.name: copy.copy(getattr(self, f.name)) for f in fields(self)})
         for k in ("units", "optimizer", "fedavg"):
             if getattr(fresh, k):
                 setattr(out, k, list(getattr(fresh, k)))
         out.compute_beside += fresh.compute_beside
         out.loops += fresh.loops
+        out.drifts += fresh.drifts
         out.sources += fresh.sources
         return out
 
@@ -190,6 +195,7 @@ def read_bench(path: Path) -> Samples:
                                     label=f"{row.get('kind', 'unit')} {row['phase']}"))
     out.compute_beside += _compute_beside_rows(data.get("compute", []), src)
     out.loops += _loop_rows(data.get("compute", []), src)
+    out.drifts += _drift_rows(data.get("compute", []), src)
     if not data.get("units"):  # fall back on the generic compute block
         for row in data.get("compute", []):
             if row["phase"] not in ("forward", "backward"):
@@ -263,6 +269,15 @@ def _loop_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
              "idle_arrival_sd_s": float(idle[k]["arrival_sd_s"]),
              "idle_coll_s": float(idle[k]["coll_time_s"]), "source": src}
             for r in loop if r["beside"] == "busy" and (k := (r["flops"], r["nbytes"])) in idle]
+
+
+def _drift_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+    """The bench's two groups running the loop free from a common start: the round's time and
+    how far apart (rms) the groups finished it."""
+    return [{"label": f"drift x{r['loop_iters']} loops of {r['flops']:.3g} FLOP + all-gather "
+                      f"{r['nbytes']} B", "time_s": float(r["time_s"]),
+             "rms_s": float(r["drift_rms_s"]), "samples": int(r["samples"]), "source": src}
+            for r in rows if r.get("phase") == "drift" and int(r.get("samples", 0)) >= 2]
 
 
 def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:

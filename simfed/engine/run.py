@@ -82,7 +82,8 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     sim = _simulate(hw=hw, plan=plan, part=part, programs=programs, aggregate_steps=agg_steps,
                     steps=steps, comm=scn.runtime.comm, host=scn.runtime.host,
                     compute_slowdown=scn.runtime.compute.out_of_step_slowdown,
-                    compute_cv=scn.runtime.compute.out_of_step_cv)
+                    compute_cv=scn.runtime.compute.out_of_step_cv,
+                    group_drift=scn.runtime.compute.group_drift_ms_per_sqrt_s * 1e-3)
     result = _summarise(scn, alg, plan, hw, sim, times, agg_steps)
     spans: list[Span] = []
     if trace:

@@ -95,7 +95,8 @@ class Simulation:
                  programs: dict[bool, Program], aggregate_steps: set[int], steps: int,
                  comm: CommRuntime, host: HostRuntime,
                  busy_share: dict[int, float] | None = None,
-                 compute_slowdown: float = 0.0, compute_cv: float = 0.0):
+                 compute_slowdown: float = 0.0, compute_cv: float = 0.0,
+                 group_drift: float = 0.0):
         self.env = simpy.Environment()
         self.hw, self.plan, self.part = hw, plan, part
         self.programs = programs
@@ -117,6 +118,10 @@ class Simulation:
         modelled = (comm.out_of_step_slowdown, comm.out_of_step_cv, compute_slowdown, compute_cv)
         self.core_mates = self._find_core_mates() if any(modelled) else {}
         self.mate_busy = busy_share or {}  # per actor: share of the run it is busy
+        # federation groups on cores of their own drift apart between their meetings: a
+        # random walk of group_drift s per sqrt(s) for the process groups that join them
+        self.group_drift = group_drift
+        self.drifting = self._drifting_kinds() if group_drift > 0 else set()
         # per actor: how often out-of-step ranks on its cores are busy (the mean field)
         self.out_of_step = [self._mates_busy({b for (_k, a), m in self.core_mates.items()
                                               if a == st.index for b in m})
@@ -199,6 +204,24 @@ class Simulation:
                 if found:
                     mates[(kind, actor.index)] = tuple(sorted(found))
         return mates
+
+    def _drifting_kinds(self) -> set[str]:
+        """Process-group kinds whose collectives join ranks of different federation groups
+        that share no host core (cores not modelled: none shared). Groups on shared cores are
+        out of step there instead (`_find_core_mates`)."""
+        plan, cores = self.plan, self.hw.node_cores
+        kinds = set()
+        for kind, comps in self.part.components.items():
+            for comp in comps:
+                for inst in comp.instances:
+                    groups = {plan.coords(r)[0] for r in inst}
+                    shared = any(
+                        cores and plan.coords(a)[0] != plan.coords(b)[0]
+                        and cores[plan.node_of(a)] & cores[plan.node_of(b)]
+                        for a in inst for b in inst if a < b)
+                    if len(groups) > 1 and not shared:
+                        kinds.add(kind)
+        return kinds
 
     def _mates_busy(self, mates: Iterable[int]) -> float:
         """Share of time at least one of these (independent) actors is busy."""
@@ -355,6 +378,8 @@ class Simulation:
         # collective of one group does not bring the members of another into step: FL groups
         # drift apart over the K steps between FedAvg rounds)
         var = {k: 0.0 for k, of in self.part.component_of.items() if of[st.index] is not None}
+        met = dict.fromkeys(self.drifting, 0.0)  # when each drifting group last met
+        q = self.group_drift ** 2
         for step in range(self.steps):
             prog = self._program(step)
             for op in prog.stream_ops[stream]:
@@ -373,6 +398,8 @@ class Simulation:
                 else:
                     comp = self.part.component_of[op.pg][st.index]
                     st.started[step][op.idx] = start  # it waits inside for the others
+                    if op.pg in met:  # the groups' drift since they last met
+                        var[op.pg] += q * max(start - met[op.pg], 0.0)
                     if var[op.pg] > 0:  # the group's expected latest arrival
                         start += expected_max_normal(self.part.components[op.pg][comp].size) \
                             * math.sqrt(var[op.pg])
@@ -392,6 +419,8 @@ class Simulation:
                               * self.collective(op.pg, comp, op.coll, op.nbytes).solo_s) ** 2
                         for k in var:
                             var[k] = e2 if k == op.pg else var[k] + e2
+                    if op.pg in met:
+                        met[op.pg] = end
                 free = end
                 self._set(st, _DONE, step, op.idx, end)
 

@@ -206,6 +206,12 @@ class ComputeRuntime:
         0.0, ge=0, doc="... and runs unevenly across ranks: the relative standard deviation of a "
         "rank's compute time beyond that of ranks in step; the group then waits at each "
         "collective for its latest member")
+    group_drift_ms_per_sqrt_s: float = param(
+        0.0, ge=0, doc="how far federation groups on cores (nodes) of their own drift apart "
+        "between FedAvg rounds: the standard deviation of a rank's progress after 1 s of "
+        "independent work, growing as the square root of the time (a random walk); the FedAvg "
+        "all-reduce then waits for the group's latest member (`realrun bench`'s drift case; "
+        "0 = groups stay in step)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 from click.testing import CliRunner
@@ -322,6 +323,29 @@ def test_summary_of_the_free_running_loop_says_how_far_apart_ranks_arrive(tmp_pa
     assert rows["busy"]["time_s"] == pytest.approx(0.015)  # median of the ranks' blocks
     assert rows["busy"]["coll_time_s"] == pytest.approx(0.04)
     assert rows["busy"]["samples"] == 2 and rows["busy"]["phase"] == "loop"
+
+
+def test_summary_of_the_drift_case_says_how_far_apart_two_groups_finish(tmp_path):
+    """The drift case: two groups (ranks 0-1 and 2-3) run the loop free from a common barrier;
+    per round a group ends with its last member, and the rows give the rms of the two groups'
+    end difference (a steady lead of one group counts) and the median round."""
+    meta = {"world_size": 4, "nodes": 2, "network": "testbed", "host_cores": 2}
+    attrs = {"flops": 5e8, "concurrent": 4, "hidden": 8, "ffn_hidden": 16, "nbytes": 4096,
+             "group_size": 2, "loop_iters": 48}
+    # round -> rank -> (start, duration): group 0 ends 0.03 s, then 0.05 s before group 1
+    rounds = [{0: (0.0, 0.70), 1: (0.001, 0.70), 2: (0.0, 0.72), 3: (0.0, 0.73)},
+              {0: (5.0, 0.80), 1: (5.0, 0.79), 2: (5.002, 0.85), 3: (5.0, 0.84)}]
+    for rank in range(4):
+        write_trace(tmp_path / f"bench-rank{rank}.jsonl", meta, [
+            Span(name="drift", cat="compute", rank=rank, step=i, start_s=r[rank][0],
+                 dur_s=r[rank][1], attrs={**attrs, "drift_group": rank // 2})
+            for i, r in enumerate(rounds)])
+    (row,) = [r for r in summarize(tmp_path)["compute"] if r["phase"] == "drift"]
+    diffs = [0.701 - 0.73, 5.8 - 5.852]
+    assert row["drift_rms_s"] == pytest.approx(math.sqrt((diffs[0] ** 2 + diffs[1] ** 2) / 2))
+    assert row["drift_mean_s"] == pytest.approx(sum(diffs) / 2)
+    assert row["samples"] == 2 and row["loop_iters"] == 48 and row["group_size"] == 2
+    assert row["time_s"] == pytest.approx((0.73 + 0.8) / 2)  # median of the groups' rounds
 
 
 def test_busy_ranks_work_until_the_active_ones_are_done(tmp_path):

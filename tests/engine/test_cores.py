@@ -146,3 +146,31 @@ def test_federation_groups_drift_apart_between_fedavg_rounds():
     w1, w4 = wait[0.2, 1] - wait[0.0, 1], wait[0.2, 4] - wait[0.0, 4]
     assert w1 > 0.001
     assert 1.5 < w4 / w1 < 2.2
+
+
+def test_groups_on_cores_of_their_own_drift_apart_until_fedavg():
+    """FL groups on nodes with cores of their own (2 nodes x 2 ranks, a core per node) drift
+    apart as a random walk between FedAvg rounds: the FedAvg all-reduce waits for the later
+    group, more with more steps between rounds; FSDP (one group) and groups that share cores
+    (4 nodes of 1 rank on 2 cores, out of step there instead) are not touched."""
+    def run(k, drift, **over):
+        scn = load_scenario(SCENARIOS / "testbed.yaml", {
+            "cluster.host_cores": 2, "algorithms.fl_fsdp.aggregate_every": k,
+            "runtime.compute.group_drift_ms_per_sqrt_s": drift, **over})
+        return {a: simulate_algorithm(scn, scn.algorithm(a)).result for a in ("fsdp", "fl_fsdp")}
+
+    waits = []
+    for k in (1, 4):
+        still, drifting = run(k, 0.0), run(k, 60.0)
+        assert drifting["fsdp"] == still["fsdp"]
+        wait = (drifting["fl_fsdp"]["aggregation_per_event_s"]
+                - still["fl_fsdp"]["aggregation_per_event_s"])
+        # a pair's expected latest arrival: 0.564 x 60 ms x sqrt(time since the last round
+        # ended), less what the wait itself adds to the step
+        apart = (still["fl_fsdp"]["step_time_s"] * k
+                 - still["fl_fsdp"]["aggregation_per_event_s"])
+        assert wait == pytest.approx(0.5642 * 0.060 * math.sqrt(apart), rel=0.15)
+        waits.append(wait)
+    assert waits[1] > 1.5 * waits[0]
+    four = {k: v for k, v in FOUR.items() if k != "runtime.comm.overlap_compute"}
+    assert run(2, 60.0, **four) == run(2, 0.0, **four)
