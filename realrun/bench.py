@@ -42,8 +42,8 @@ sample of one. Times in seconds, sizes in bytes.
   standard deviation from each round's range). Phase drift: two federation groups on cores of
   their own (the halves of the nodes) each run that loop loop_iters times, free, from a common
   barrier, with time_s (a round, a group's last member's end from the barrier), drift_rms_s
-  (how far apart the groups ended: the root mean square of the difference over rounds) and
-  drift_mean_s (its mean: group 0 minus group 1).
+  (how far apart the groups ended: the root mean square of the difference over rounds),
+  drift_mean_abs_s (the mean of its size) and drift_mean_s (its mean: group 0 minus group 1).
 - checks: [{group_size, nodes, all_reduce_tiny_off_s, all_reduce_tiny_detail_s, detail_check_s,
   monitored_barrier_s, all_gather_tiny_s}]: host costs of TORCH_DISTRIBUTED_DEBUG=DETAIL.
 - units: [{unit (ModelSpec.units index: 0 = root, 1.. = decoder layers), name, kind (root |
@@ -413,6 +413,7 @@ def _drift_rows(drifts: dict[tuple, dict[int, dict[int, list[tuple[float, float]
                      "time_s": t, "gflops_per_s": flops * iters / t / 1e9,
                      "samples": len(diffs), "drift_rms_s": math.sqrt(
                          statistics.fmean(d * d for d in diffs)),
+                     "drift_mean_abs_s": statistics.fmean(abs(d) for d in diffs),
                      "drift_mean_s": statistics.fmean(diffs)})
     return rows
 

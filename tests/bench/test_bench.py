@@ -344,6 +344,7 @@ def test_summary_of_the_drift_case_says_how_far_apart_two_groups_finish(tmp_path
     diffs = [0.701 - 0.73, 5.8 - 5.852]
     assert row["drift_rms_s"] == pytest.approx(math.sqrt((diffs[0] ** 2 + diffs[1] ** 2) / 2))
     assert row["drift_mean_s"] == pytest.approx(sum(diffs) / 2)
+    assert row["drift_mean_abs_s"] == pytest.approx(-sum(diffs) / 2)
     assert row["samples"] == 2 and row["loop_iters"] == 48 and row["group_size"] == 2
     assert row["time_s"] == pytest.approx((0.73 + 0.8) / 2)  # median of the groups' rounds
 

@@ -372,9 +372,11 @@ def test_collective_spread_from_the_free_running_loop(tmp_path):
 
 
 def test_group_drift_is_a_random_walk_pooled_over_the_drift_cases(tmp_path):
-    """Two groups' ends differ by rms after T seconds: a rank's variance grows as rate x T,
-    rms^2 = 2 x rate x T; the rate pools the cases by rounds, the parameter is a rank's sd
-    after 1 s (ms), with a chi-square interval around it, and it lands in the profile."""
+    """Two groups' ends differ by d after T seconds: a rank's variance grows as rate x T,
+    sd(d)^2 = 2 x rate x T, sd(d) taken from the mean |d| as for a normal d (the waits it
+    makes are mean waits; a stalled round does not set the rate through the rms); the rate
+    pools the cases by rounds, the parameter is a rank's sd after 1 s (ms), with a chi-square
+    interval around it, and it lands in the profile."""
     from scipy import stats
 
     from simfed.calibration.fit import fit_group_drift
@@ -382,8 +384,10 @@ def test_group_drift_is_a_random_walk_pooled_over_the_drift_cases(tmp_path):
 
     drift = {"phase": "drift", "flops": 5e8, "hidden": 256, "ffn_hidden": 688, "concurrent": 4,
              "nbytes": 2_902_016, "group_size": 2}
-    compute = [{**drift, "loop_iters": 48, "time_s": 0.8, "drift_rms_s": 0.080, "samples": 16},
-               {**drift, "loop_iters": 12, "time_s": 0.2, "drift_rms_s": 0.030, "samples": 8},
+    compute = [{**drift, "loop_iters": 48, "time_s": 0.8, "drift_rms_s": 0.200,
+                "drift_mean_abs_s": 0.060, "samples": 16},
+               {**drift, "loop_iters": 12, "time_s": 0.2, "drift_rms_s": 0.030,
+                "drift_mean_abs_s": 0.025, "samples": 8},
                {**drift, "loop_iters": 6, "time_s": 0.1, "drift_rms_s": 0.02, "samples": 1}]
     meta = {"nodes": 2, "ranks_per_node": 2, "network": "testbed", "cores": 1,
             "host_cores": 2, "link_rate_Gbps": 0.5, "impl": {}}
@@ -391,15 +395,17 @@ def test_group_drift_is_a_random_walk_pooled_over_the_drift_cases(tmp_path):
                                                              "compute": compute}))
     samples = read_bench(tmp_path)
     assert len(samples.drifts) == 2  # one round cannot say how far apart groups end
-    rate = (16 * 0.080**2 / 1.6 + 8 * 0.030**2 / 0.4) / 24
+    sd = [0.060 * math.sqrt(math.pi / 2), 0.025 * math.sqrt(math.pi / 2)]
+    rate = (16 * sd[0] ** 2 / 1.6 + 8 * sd[1] ** 2 / 0.4) / 24
     res = fit_group_drift(samples)
     (p,) = res.params
     assert p.name == "group_drift_ms_per_sqrt_s" and p.value == pytest.approx(
         math.sqrt(rate) * 1e3)
     assert p.ci95[0] == pytest.approx(math.sqrt(rate * 24 / stats.chi2.ppf(0.975, 24)) * 1e3)
     assert p.ci95[0] < p.value < p.ci95[1]
+    assert [r["measured_s"] for r in res.residuals] == [0.060, 0.025]
     assert [r["predicted_s"] for r in res.residuals] == pytest.approx(
-        [math.sqrt(2 * rate * 0.8), math.sqrt(2 * rate * 0.2)])
+        [math.sqrt(2 * rate * t * 2 / math.pi) for t in (0.8, 0.2)])
     profile, _ = calibrate(load_scenario(TINY), samples)
     assert profile["runtime"]["compute"]["group_drift_ms_per_sqrt_s"] == pytest.approx(
         p.value, abs=1e-3)
