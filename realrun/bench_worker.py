@@ -306,9 +306,7 @@ class Bench:
                   active: bool, op: str, nbytes: int, beside: str = "", *, case_id: int = 0,
                   rnd: int = 0, rounds: int = 1) -> None:
         k = len(ranks)
-        numel = max(k, (nbytes // 4) // k * k)  # float32, divisible by the group size
-        full = torch.ones(numel, dtype=torch.float32)
-        part = torch.ones(numel // k, dtype=torch.float32)
+        full, part = _gather_buffers(nbytes, k, fill=1.0)
         call: Callable[[], Any] = {
             "all_gather": lambda: _all_gather(full, part, group=pg),
             "reduce_scatter": lambda: _reduce_scatter(part, full, group=pg),
@@ -326,7 +324,7 @@ class Bench:
             call()
             dur = time.perf_counter() - t
             if rep >= 0:
-                self.span(op, "comm", start, dur, rep=rep, nbytes=numel * 4, group=kind,
+                self.span(op, "comm", start, dur, rep=rep, nbytes=full.numel() * 4, group=kind,
                           attrs=attrs)
 
         # repetition numbers stay distinct over the rounds (the summary keys samples by them)
@@ -369,6 +367,15 @@ class Bench:
             self._block = block
         return self._block
 
+    def block_case(self, concurrent: int, **extra: Any) -> dict[str, Any]:
+        """A new case of the compute block: the attributes of its spans."""
+        self.case += 1
+        h, f = self.args.hidden, self.args.ffn_hidden
+        return {"tokens": 256, "hidden": h, "ffn_hidden": f, "dtype": "float32",
+                "concurrent": concurrent, "block": "mlp", "case": self.case,
+                "flops": 3 * 4 * 256 * h * f,  # forward and backward of 256 tokens
+                "threads": torch.get_num_threads(), **extra}
+
     # ---- compute --------------------------------------------------------------------------
     def compute_beside_busy(self, nbytes: int) -> None:
         """The compute block on the first half of the ranks, (1) with every rank computing it
@@ -382,19 +389,11 @@ class Bench:
         if not half or not self.shares_cores(half):
             return
         block = self.compute_block()
-        k = len(rest)
-        numel = max(k, (nbytes // 4) // k * k)
-        full, part = torch.zeros(numel), torch.zeros(numel // k)
+        full, part = _gather_buffers(nbytes, len(rest))
         loop = self.training_loop(lambda: _all_gather(full, part, group=pg), pg)
-        h, f = self.args.hidden, self.args.ffn_hidden
-        flops = 3 * 4 * 256 * h * f  # forward and backward of 256 tokens
         for beside, active, busy in (("", True, None), ("busy", self.rank in half, loop)):
-            self.case += 1
-            attrs = {"tokens": 256, "hidden": h, "ffn_hidden": f, "dtype": "float32",
-                     "concurrent": self.world if not beside else len(half), "block": "mlp",
-                     "case": self.case, "flops": flops, "threads": torch.get_num_threads()}
-            if beside:
-                attrs["beside"] = beside
+            attrs = (self.block_case(len(half), beside=beside) if beside
+                     else self.block_case(self.world))
 
             def once(rep: int, attrs: dict[str, Any] = attrs) -> None:
                 start = self.now_s()
@@ -419,13 +418,8 @@ class Bench:
         mine = self.rank in half
         full, part = torch.zeros(shard_numel * len(half)), torch.zeros(shard_numel)
         rounds = self.args.iters * LOOP_ROUNDS_PER_ITER
-        h, f = self.args.hidden, self.args.ffn_hidden
         for beside, busy in (("idle", None), ("busy", loop)):
-            self.case += 1
-            attrs = {"tokens": 256, "hidden": h, "ffn_hidden": f, "dtype": "float32",
-                     "concurrent": len(half), "block": "mlp", "case": self.case,
-                     "flops": 3 * 4 * 256 * h * f, "beside": beside, "nbytes": full.numel() * 4,
-                     "threads": torch.get_num_threads()}
+            attrs = self.block_case(len(half), beside=beside, nbytes=full.numel() * 4)
 
             def run(_rep: int, attrs: dict[str, Any] = attrs) -> None:
                 for i in range(-self.args.warmup, rounds):
@@ -458,16 +452,10 @@ class Bench:
             return
         mine = 0 if self.rank < cut else 1
         pg, k = pgs[mine], len(halves[mine])
-        numel = max(k, (nbytes // 4) // k * k)
-        full, part = torch.zeros(numel), torch.zeros(numel // k)
+        full, part = _gather_buffers(nbytes, k)
         block = self.compute_block()
-        h, f = self.args.hidden, self.args.ffn_hidden
-        self.case += 1
-        attrs = {"tokens": 256, "hidden": h, "ffn_hidden": f, "dtype": "float32",
-                 "concurrent": self.world, "block": "mlp", "case": self.case,
-                 "flops": 3 * 4 * 256 * h * f, "nbytes": numel * 4, "group_size": k,
-                 "drift_group": mine, "loop_iters": DRIFT_LOOP_ITERS,
-                 "threads": torch.get_num_threads()}
+        attrs = self.block_case(self.world, nbytes=full.numel() * 4, group_size=k,
+                                drift_group=mine, loop_iters=DRIFT_LOOP_ITERS)
         for rnd in range(-1, self.args.iters * DRIFT_ROUNDS_PER_ITER):  # round -1: warm-up
             dist.barrier()
             start = self.now_s()
@@ -561,6 +549,13 @@ class Bench:
                               attrs={**attrs, **extra})
 
 
+def _gather_buffers(nbytes: int, k: int, fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A group of k's all-gather buffers for about `nbytes` (float32, the full one divisible
+    by k): (full, one rank's part)."""
+    numel = max(k, (nbytes // 4) // k * k)
+    return torch.full((numel,), fill), torch.full((numel // k,), fill)
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -617,8 +612,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "compute" not in skip and _floats(args.flops):
             bench.compute(_floats(args.flops))
             if args.beside_busy and bench.world > 1:
-                bench.compute_beside_busy(sorted(sizes)[len(sizes) // 2] if sizes else 1 << 20)
-                bench.group_drift(sorted(sizes)[len(sizes) // 2] if sizes else 1 << 20)
+                nbytes = sorted(sizes)[len(sizes) // 2] if sizes else 1 << 20
+                bench.compute_beside_busy(nbytes)
+                bench.group_drift(nbytes)
         if scenario is not None and not {"units", "optimizer"} <= skip:
             run_units(bench, scenario, skip)
         if "checks" not in skip and args.check_iters > 0 and bench.world > 1:

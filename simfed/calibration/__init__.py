@@ -42,8 +42,9 @@ def _val(res: FitResult, name: str) -> float | None:
 def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str, Any]]:
     cstep = fit_out_of_step(samples, "compute")
     step = fit_out_of_step(samples, "comm", compute_cv=_val(cstep, "out_of_step_cv") or 0.0)
+    drift = fit_group_drift(samples)
     fits = [fit_comm(scn, samples), fit_units(samples), fit_optimizer(scn, samples),
-            fit_checks(samples), fit_fedavg(samples), step, cstep, fit_group_drift(samples)]
+            fit_checks(samples), fit_fedavg(samples), step, cstep, drift]
     comm, units, opt, checks, fedavg = fits[:5]
     node = scn.cluster.node
     cluster: dict[str, Any] = {"node": {}}
@@ -125,7 +126,6 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
                 runtime[section][param] = round(v, 4)
                 note(f"runtime.{section}.{param}", fit, param)
 
-    drift = fits[-1]
     v = _val(drift, "group_drift_ms_per_sqrt_s")
     if v is not None:
         runtime["compute"]["group_drift_ms_per_sqrt_s"] = round(v, 3)

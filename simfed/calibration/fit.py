@@ -29,7 +29,7 @@ from ..network.geometry import ring_load
 from ..network.links import NIC, NVLINK, SWITCH
 from ..spec.scenario import Scenario
 from ..spec.units import dtype_nbytes
-from .samples import Samples
+from .samples import ABS_OF_SD, Samples
 
 _Z95 = 1.96
 
@@ -443,13 +443,13 @@ def fit_group_drift(samples: Samples) -> FitResult:
                     "bench): groups are taken to stay in step between FedAvg rounds")
         return res
     n = sum(p["samples"] for p in pts)
-    rate = sum(p["samples"] * p["mean_abs_s"] ** 2 * math.pi / 2 / (2 * p["time_s"])
+    rate = sum(p["samples"] * (p["mean_abs_s"] / ABS_OF_SD) ** 2 / (2 * p["time_s"])
                for p in pts) / n
     lo, hi = (rate * n / stats.chi2.ppf(q, n) for q in (0.975, 0.025))
     res.params.append(Param("group_drift_ms_per_sqrt_s", math.sqrt(rate) * 1e3,
                             (math.sqrt(lo) * 1e3, math.sqrt(hi) * 1e3), "ms/sqrt(s)"))
     for p in pts:
-        got = math.sqrt(2 * rate * p["time_s"]) * math.sqrt(2 / math.pi)
+        got = math.sqrt(2 * rate * p["time_s"]) * ABS_OF_SD
         res.residuals.append({"label": f"{p['label']} ({p['time_s']:.2f} s): mean |d|",
                               "measured_s": p["mean_abs_s"], "predicted_s": got,
                               "rel_error": (got - p["mean_abs_s"]) / p["mean_abs_s"]})

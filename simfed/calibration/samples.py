@@ -272,16 +272,17 @@ def _loop_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
             for r in loop if r["beside"] == "busy" and (k := (r["flops"], r["nbytes"])) in idle]
 
 
-_ABS_OF_SD = math.sqrt(2 / math.pi)  # E|x| / sd of a normal x (older benches: rms only)
+ABS_OF_SD = math.sqrt(2 / math.pi)  # E|x| / sd of a normal x
 
 
 def _drift_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
     """The bench's two groups running the loop free from a common start: the round's time and
-    how far apart (rms) the groups finished it."""
+    how far apart the groups finished it (mean size and rms of the difference; a summary that
+    has only the rms, from the drift case's first version, gives the mean of a normal one)."""
     return [{"label": f"drift x{r['loop_iters']} loops of {r['flops']:.3g} FLOP + all-gather "
                       f"{r['nbytes']} B", "time_s": float(r["time_s"]),
              "rms_s": float(r["drift_rms_s"]),
-             "mean_abs_s": float(r.get("drift_mean_abs_s", r["drift_rms_s"] * _ABS_OF_SD)),
+             "mean_abs_s": float(r.get("drift_mean_abs_s", r["drift_rms_s"] * ABS_OF_SD)),
              "samples": int(r["samples"]), "source": src}
             for r in rows if r.get("phase") == "drift" and int(r.get("samples", 0)) >= 2]
 

@@ -377,7 +377,7 @@ class Simulation:
         # per process-group kind: the variance gathered since that group last met (a
         # collective of one group does not bring the members of another into step: FL groups
         # drift apart over the K steps between FedAvg rounds)
-        var = {k: 0.0 for k, of in self.part.component_of.items() if of[st.index] is not None}
+        var = dict.fromkeys(self.part.component_of, 0.0)
         met = dict.fromkeys(self.drifting, 0.0)  # when each drifting group last met
         q = self.group_drift ** 2
         for step in range(self.steps):
@@ -393,8 +393,9 @@ class Simulation:
                     st.started[step][op.idx] = start
                     d = op.duration_s * factors[step] * c_slow
                     end = start + d
-                    for k in var:
-                        var[k] += (c_sd * d) ** 2
+                    if c_sd:
+                        for k in var:
+                            var[k] += (c_sd * d) ** 2
                 else:
                     comp = self.part.component_of[op.pg][st.index]
                     st.started[step][op.idx] = start  # it waits inside for the others
