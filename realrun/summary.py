@@ -1,7 +1,10 @@
 """A run's results: DIR/summary.json from every rank's record, and DIR/trace.json, the Chrome /
 Perfetto view of all ranks' JSONL traces.
 
-Conventions: a step's time is the slowest rank's (a step ends when every rank is done);
+Conventions: a step's time is the job's wall time per step (`simfed.spec.wall_step_times`: from
+the last rank's end of the previous step to the last rank's end of this one, so that steps add up
+to the run's wall time also when federation groups run out of phase between FedAvg rounds; the
+slowest rank's own step times are in `slowest_rank_step_times_s`);
 `phases_s` is the mean per step over ranks and steps; losses are in nats, perplexity = e^loss;
 train loss of a step is the mean over all ranks (per group: over the group's ranks); eval
 perplexity pools every group's evaluation of the whole eval set (per group in `*_per_group`).
@@ -17,7 +20,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from simfed.spec import PHASES, Span, SpecError, read_trace, write_chrome
+from simfed.spec import PHASES, Span, SpecError, read_trace, wall_step_times, write_chrome
 
 
 def _ppl(loss_nats: float) -> float:
@@ -33,7 +36,10 @@ def summarize(records: list[dict[str, Any]], ctx: dict[str, Any]) -> dict[str, A
     for r in records:
         groups[r["coords"][0]].append(r)
 
-    step_times = [max(r["step_s"][s] for r in records) for s in range(steps)]
+    slowest = [max(r["step_s"][s] for r in records) for s in range(steps)]
+    step_times = wall_step_times(
+        {s: (r["step_start_s"][s], r["step_start_s"][s] + r["step_s"][s]) for s in range(steps)}
+        for r in records)
     step_time_s = fmean(step_times)
     tokens_per_step = world * ctx["micro_batch"] * ctx["seq_len"]
     phases = {ph: fmean(fmean(r["phase_s"][ph]) for r in records) for ph in PHASES}
@@ -71,6 +77,7 @@ def summarize(records: list[dict[str, Any]], ctx: dict[str, Any]) -> dict[str, A
         "step_time_s": step_time_s,
         "step_time_s_after_first": fmean(step_times[1:]) if steps > 1 else step_time_s,
         "step_times_s": step_times,
+        "slowest_rank_step_times_s": slowest,
         "tokens_per_s": tokens_per_step / step_time_s,
         "phases_s": phases,
         "train_loss": train_loss,

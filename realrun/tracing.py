@@ -64,6 +64,7 @@ class Tracer:
         self.step, self.phase = -1, "setup"
         self.phase_s: dict[int, dict[str, float]] = defaultdict(lambda: dict.fromkeys(PHASES, 0.0))
         self.step_s: dict[int, float] = {}
+        self.step_start_s: dict[int, float] = {}  # on the clock (since the barrier)
         self.tap: CollectiveTap | None = None
         self._buffer: list[Span] = []
         self._closed = False
@@ -126,6 +127,7 @@ class Tracer:
             end, self._cursor = self._cursor, None
         dur = end - start
         self.step_s[step] = dur
+        self.step_start_s[step] = start
         self.emit(Span(name="step", cat="step", rank=self.rank, step=step, start_s=start,
                        dur_s=dur, stream="step"))
         self.drain()

@@ -245,6 +245,7 @@ class Trainer:
             "coords": list(self.mesh.coords),
             "train_loss": losses,
             "step_s": [tracer.step_s[s] for s in range(t.steps)],
+            "step_start_s": [tracer.step_start_s[s] for s in range(t.steps)],
             "phase_s": {ph: [tracer.phase_s[s][ph] for s in range(t.steps)] for ph in PHASES},
             "eval": eval_final,
             "eval_untrained": eval_untrained,

@@ -29,7 +29,7 @@ from typing import Any
 from ..engine import simulate
 from ..spec.scenario import REBENCH_PARTS, Scenario, ValidationShape, load_scenario
 from ..spec.schema import SpecError
-from ..spec.trace import read_trace
+from ..spec.trace import read_trace, wall_step_times
 from . import Samples, calibrate, read_inputs, write_profile
 
 PHASES = ("forward", "backward", "optimizer", "aggregation")
@@ -89,17 +89,17 @@ WARMUP_STEPS = 2  # the first optimizer step allocates its state; the first step
 
 def _measured(run_dir: Path) -> dict[str, Any]:
     """Steady-state step and phase times of a realrun output folder: the mean over the steps after
-    the first WARMUP_STEPS (a mean, not a median: with FedAvg every K steps the step times are
-    multi-modal, and the simulator's step time is the mean over aggregating and other steps; a
-    step's phases: the mean over ranks). The simulator predicts the steady state (no
-    allocation, no warm-up)."""
+    the first WARMUP_STEPS of the job's wall time per step (`wall_step_times`, from the ranks'
+    step spans; a mean, not a median: with FedAvg every K steps the step times are multi-modal,
+    and the simulator's step time is its wall time over all steps; a step's phases: the mean
+    over ranks). The simulator predicts the steady state (no allocation, no warm-up)."""
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    times = summary["step_times_s"]
-    steady = times[WARMUP_STEPS:] if len(times) > WARMUP_STEPS else times[-1:]
     per_step: dict[tuple[str, int], list[float]] = {}
+    bounds: list[dict[int, tuple[float, float]]] = []  # per rank: step -> (start, end)
     for trace in sorted(run_dir.glob("trace_rank*.jsonl")):
         _meta, spans = read_trace(trace)
         mine: dict[tuple[str, int], float] = {}
+        bounds.append({s.step: (s.start_s, s.end_s) for s in spans if s.cat == "step"})
         for s in spans:
             if s.step < WARMUP_STEPS:
                 continue
@@ -114,6 +114,13 @@ def _measured(run_dir: Path) -> dict[str, Any]:
     phases = {p: statistics.fmean([statistics.fmean(per_step.get((p, st), [0.0]))
                                    for st in steps]) if steps else 0.0 for p in (*PHASES, COMM)}
     comm = phases.pop(COMM)
+    # the job's wall time per step, from the traces (also for runs whose summary has the slowest
+    # rank's step times, as realrun's did before): FL groups out of phase count once
+    if not bounds or not all(bounds):
+        raise SpecError(f"validate: {run_dir}: no step spans in its rank traces "
+                        f"({len(bounds)} trace_rank*.jsonl)")
+    times = wall_step_times(bounds)
+    steady = times[WARMUP_STEPS:] if len(times) > WARMUP_STEPS else times[-1:]
     return {"step_time_s": statistics.fmean(steady), "phases_s": phases, "comm_s": comm,
             "summary": summary}
 

@@ -21,7 +21,16 @@ from .scenario import (
     scenario_from_dict,
 )
 from .schema import SpecError, to_plain
-from .trace import PHASES, Span, TraceWriter, read_trace, to_chrome, write_chrome, write_trace
+from .trace import (
+    PHASES,
+    Span,
+    TraceWriter,
+    read_trace,
+    to_chrome,
+    wall_step_times,
+    write_chrome,
+    write_trace,
+)
 
 __all__ = [
     "ALGORITHMS", "FED", "PG_KINDS", "PHASES", "REPLICATE", "SHARD", "AlgorithmInfo",
@@ -29,5 +38,5 @@ __all__ = [
     "Scenario", "Span", "SpecError", "StragglerSpec", "TraceWriter", "TrainingSpec", "UnitSpec",
     "algorithm_info", "load_scenario", "load_scenario_data", "node_block_groups", "ranks_per_core",
     "read_trace", "scenario_from_dict",
-    "to_chrome", "to_plain", "write_chrome", "write_trace",
+    "to_chrome", "to_plain", "wall_step_times", "write_chrome", "write_trace",
 ]

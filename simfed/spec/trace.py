@@ -150,6 +150,30 @@ def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
         yield Span.from_dict(d, f"{path}:{i + 2}")
 
 
+def wall_step_times(steps_by_rank: Iterable[dict[int, tuple[float, float]]]) -> list[float]:
+    """The job's wall time per step from each rank's (start, end) of each step on a clock the
+    ranks share (realrun: seconds since a barrier before training): from when the last rank
+    ended the previous step (the first step: when the first rank started it) to when the last
+    rank ends this one.
+    Over any run of steps they add up to its wall time, the throughput the simulator predicts.
+    The slowest rank's time per step does not: federation groups out of phase between FedAvg
+    rounds (one group's long step while the other's is short, and then the reverse) would count
+    each long step, and overstate the time per step."""
+    starts: dict[int, list[float]] = {}
+    ends: dict[int, list[float]] = {}
+    for per_step in steps_by_rank:
+        for step, (start, end) in per_step.items():
+            starts.setdefault(step, []).append(start)
+            ends.setdefault(step, []).append(end)
+    out: list[float] = []
+    prev: float | None = None
+    for step in sorted(ends):
+        last = max(ends[step])
+        out.append(last - (min(starts[step]) if prev is None else prev))
+        prev = last
+    return out
+
+
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[Span]]:
     it = iter_trace(path)
     meta = next(it)

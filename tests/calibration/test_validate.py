@@ -41,9 +41,14 @@ def _launches(out) -> None:
         for rep, t in enumerate(times):
             d = out / "runs" / "base" / f"rep{rep}" / alg
             d.mkdir(parents=True)
-            (d / "summary.json").write_text(json.dumps({"step_times_s": [9.0, 9.0, t, t]}))
+            # the slowest rank's step times (the ranks take turns being late by 0.2 s)...
+            (d / "summary.json").write_text(json.dumps({"step_times_s": [9, 9, t + .2, t + .2]}))
             for rank, comm in enumerate((0.3, 0.5)):  # time in collectives per step
+                # ... and their step spans: the job's wall time per step is t after the warm-up
+                ends = [9.0, 18.0, 18.0 + t + (0.2 if rank == 0 else -0.2), 18.0 + 2 * t]
                 write_trace(d / f"trace_rank{rank}.jsonl", {"rank": rank}, [
+                    Span("step", "step", rank, step, start, end - start) for step, (start, end)
+                    in enumerate(zip([0.0, *ends[:-1]], ends, strict=True))] + [
                     sp for step in range(4) for sp in (
                         Span("backward", "phase", rank, step, 0.0, t),
                         Span("reduce_scatter", "comm", rank, step, 0.1, comm - 0.1,
@@ -69,7 +74,8 @@ def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
     res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
 
     rows = {r["algorithm"]: r for r in res["runs"]}
-    assert rows["fsdp"]["measured_step_time_s"] == pytest.approx(1.1)  # warm-up steps dropped
+    # warm-up steps dropped; the wall time per step, not the slowest rank's
+    assert rows["fsdp"]["measured_step_time_s"] == pytest.approx(1.1)
     assert rows["fl_fsdp"]["measured_launches_s"] == pytest.approx(LAUNCHES["fl_fsdp"])
     sp = next(s for s in res["speedups"] if s["pair"] == "fl_fsdp/fsdp")
     assert sp["measured"] == pytest.approx(2.0)

@@ -1,10 +1,10 @@
-"""The trace schema: JSONL round trip, torn-line tolerance, Chrome export."""
+"""The trace schema: JSONL round trip, torn-line tolerance, Chrome export, wall step times."""
 
 import json
 
 import pytest
 
-from simfed.spec import Span, SpecError, TraceWriter, read_trace, to_chrome
+from simfed.spec import Span, SpecError, TraceWriter, read_trace, to_chrome, wall_step_times
 
 
 def test_roundtrip_and_torn_last_line(tmp_path):
@@ -35,3 +35,15 @@ def test_chrome_export():
     trace = to_chrome(spans)
     x = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert x[0]["ts"] == 1000.0 and x[0]["dur"] == 2000.0 and x[0]["pid"] == 3
+
+
+def test_wall_step_times_add_up_to_the_wall_time_when_groups_run_out_of_phase():
+    # two federation groups meet every 2 steps (FedAvg): group A's first step is long, group
+    # B's second; both end step 1 at 10 s. The slowest rank's steps (6 + 6) would say 12 s.
+    a = {0: (0.0, 6.0), 1: (6.0, 10.0), 2: (10.0, 13.0), 3: (13.0, 20.0)}
+    b = {0: (0.5, 4.0), 1: (4.0, 10.0), 2: (10.0, 16.0), 3: (16.0, 20.0)}
+    times = wall_step_times([a, b])
+    assert times == pytest.approx([6.0, 4.0, 6.0, 4.0])
+    assert sum(times) == pytest.approx(20.0)  # from the first rank's start to the last end
+    slowest = [max(r[s][1] - r[s][0] for r in (a, b)) for s in range(4)]
+    assert sum(slowest) == pytest.approx(25.0)
