@@ -82,6 +82,20 @@ def test_four_algorithms_learn_below_untrained_and_above_the_floor(four):
         assert (s["phases_s"]["aggregation"] > 0) == name.startswith("fl_")
 
 
+def test_step_times_add_up_to_the_runs_wall_time(four):
+    # the job's wall time per step (the ranks' common clock), not each step's slowest rank:
+    # FL groups out of phase between FedAvg rounds would count twice
+    for name in NAMES:
+        s = summary(four, name)
+        steps = [sp for r in range(4) for sp in read_trace(four / name / f"trace_rank{r}.jsonl")[1]
+                 if sp.cat == "step"]
+        last = max(sp.step for sp in steps)
+        wall = (max(sp.end_s for sp in steps if sp.step == last)
+                - min(sp.start_s for sp in steps if sp.step == 0))
+        assert sum(s["step_times_s"]) == pytest.approx(wall, rel=1e-9), name
+        assert len(s["slowest_rank_step_times_s"]) == len(s["step_times_s"]) == last + 1
+
+
 def test_fsdp_and_hsdp_give_the_same_losses(four):
     fsdp, hsdp = summary(four, "fsdp"), summary(four, "hsdp")
     assert np.allclose(fsdp["train_loss"], hsdp["train_loss"], rtol=1e-5, atol=0)
