@@ -102,18 +102,16 @@ class Samples:
     meta: dict[str, Any] = field(default_factory=dict)  # backend facts (impl, overlap)
     sources: list[str] = field(default_factory=list)
 
+    # how unevenly ranks run (cases measured in the run's layout): pooled over re-benchmarks
+    POOLED = ("compute_beside", "loops", "drifts", "sources")
+
     def extend(self, other: Samples) -> None:
-        self.comm += other.comm
-        self.units += other.units
-        self.optimizer += other.optimizer
-        self.fedavg += other.fedavg
-        self.checks += other.checks
-        self.beside += other.beside
-        self.compute_beside += other.compute_beside
-        self.loops += other.loops
-        self.drifts += other.drifts
-        self.meta.update(other.meta)
-        self.sources += other.sources
+        for f in fields(self):
+            mine = getattr(self, f.name)
+            if isinstance(mine, dict):
+                mine.update(getattr(other, f.name))
+            else:
+                mine += getattr(other, f.name)
 
     def refreshed(self, fresh: Samples) -> Samples:
         """These samples with each compute rate that `fresh` measured (per-unit compute,
@@ -125,10 +123,8 @@ class Samples:
         for k in ("units", "optimizer", "fedavg"):
             if getattr(fresh, k):
                 setattr(out, k, list(getattr(fresh, k)))
-        out.compute_beside += fresh.compute_beside
-        out.loops += fresh.loops
-        out.drifts += fresh.drifts
-        out.sources += fresh.sources
+        for k in self.POOLED:
+            getattr(out, k).extend(getattr(fresh, k))
         return out
 
 

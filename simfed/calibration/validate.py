@@ -93,7 +93,6 @@ def _measured(run_dir: Path) -> dict[str, Any]:
     step spans; a mean, not a median: with FedAvg every K steps the step times are multi-modal,
     and the simulator's step time is its wall time over all steps; a step's phases: the mean
     over ranks). The simulator predicts the steady state (no allocation, no warm-up)."""
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     per_step: dict[tuple[str, int], list[float]] = {}
     bounds: list[dict[int, tuple[float, float]]] = []  # per rank: step -> (start, end)
     for trace in sorted(run_dir.glob("trace_rank*.jsonl")):
@@ -121,8 +120,7 @@ def _measured(run_dir: Path) -> dict[str, Any]:
                         f"({len(bounds)} trace_rank*.jsonl)")
     times = wall_step_times(bounds)
     steady = times[WARMUP_STEPS:] if len(times) > WARMUP_STEPS else times[-1:]
-    return {"step_time_s": statistics.fmean(steady), "phases_s": phases, "comm_s": comm,
-            "summary": summary}
+    return {"step_time_s": statistics.fmean(steady), "phases_s": phases, "comm_s": comm}
 
 
 def _median_of(ms: list[dict[str, Any]]) -> dict[str, Any]:

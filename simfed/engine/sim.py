@@ -215,8 +215,8 @@ class Simulation:
             for comp in comps:
                 for inst in comp.instances:
                     groups = {plan.coords(r)[0] for r in inst}
-                    shared = any(
-                        cores and plan.coords(a)[0] != plan.coords(b)[0]
+                    shared = bool(cores) and any(
+                        plan.coords(a)[0] != plan.coords(b)[0]
                         and cores[plan.node_of(a)] & cores[plan.node_of(b)]
                         for a in inst for b in inst if a < b)
                     if len(groups) > 1 and not shared:
