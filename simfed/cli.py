@@ -158,7 +158,13 @@ def calibrate(inputs: tuple[Path, ...], scenario: str, out: Path, report: Path |
 
 
 @main.command()
-@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--published", "published", is_flag=False, flag_value="validation/published",
+              default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Instead: predict the published measurements in this folder (default "
+                   "validation/published) and print predicted vs published tokens/s/GPU.")
+@click.option("--set", "only_set", type=click.Choice(["fit", "check"]), default=None,
+              help="--published: only the fit or the check set.")
 @click.option("--out", "out", default="runs/validate", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Folder for benchmarks, the profile, runs and logs.")
@@ -166,10 +172,11 @@ def calibrate(inputs: tuple[Path, ...], scenario: str, out: Path, report: Path |
 @click.option("--fresh", is_flag=True, help="Re-run benchmarks and runs found in --out.")
 @click.option("--measured-only", is_flag=True,
               help="Do not run anything: read measurements already in --out.")
-def validate(scenario: Path, out: Path, json_path: Path | None, fresh: bool,
-             measured_only: bool) -> None:
+def validate(scenario: Path | None, published: Path | None, only_set: str | None, out: Path,
+             json_path: Path | None, fresh: bool, measured_only: bool) -> None:
     """Calibrate on micro-benchmarks, run the validation shapes for real on the testbed and
-    report predicted against measured step time, phases and speedups."""
+    report predicted against measured step time, phases and speedups; or, with --published,
+    predict published cluster measurements (a benchmark of the model's accuracy)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -179,6 +186,17 @@ def validate(scenario: Path, out: Path, json_path: Path | None, fresh: bool,
     console = Console()
     if not console.is_terminal:  # a log file: room for the whole table
         console = Console(width=150)
+    if published is not None:
+        from .calibration.published import print_published, validate_published
+
+        res = validate_published(published, only_set=only_set)
+        print_published(res, console)
+        if json_path:
+            write_json(json_path, res)
+            click.echo(f"wrote {json_path}")
+        return
+    if scenario is None:
+        raise SpecError("validate: give a SCENARIO, or --published")
     res = run_validation(scenario, out, echo=lambda m: console.print(m, highlight=False),
                          reuse=not fresh, skip_runs=measured_only)
     t = Table(title=f"validation of {res['scenario']}: predicted (calibrated on micro-benchmarks "

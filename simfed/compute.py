@@ -25,6 +25,16 @@ class ComputeModel:
         flops = unit.bwd_flops_per_token * self.tokens_per_gpu
         return flops / (self.hw.peak_flops * self.rt.efficiency_backward)
 
+    def recompute_s(self, unit: UnitSpec, forward_s: float, train: TrainingSpec) -> float:
+        """Forward time re-run in the backward of `unit` under the checkpointing policy:
+        a decoder layer's whole forward when checkpointed; selective checkpoints a share of the
+        layers, spread evenly (layer i is checkpointed when floor(i f) > floor((i-1) f))."""
+        frac = train.checkpointed_layers_fraction
+        i = unit.index
+        if i == 0 or frac <= 0:
+            return 0.0
+        return forward_s if int(i * frac + 1e-9) > int((i - 1) * frac + 1e-9) else 0.0
+
     def optimizer_s(self, shard_params: float, model: ModelSpec, train: TrainingSpec) -> float:
         """AdamW over the local shard reads param, grad, m, v and writes param, m, v
         (SGD: reads param and grad, writes param)."""

@@ -47,9 +47,9 @@ def memory_breakdown(
     states = 2 if train.optimizer == "adamw" else 0
     tokens = train.micro_batch * train.seq_len
     act_layer = model.layer_activation_bytes_per_token()
-    if train.activation_checkpointing:  # keep only each layer's input, recompute the rest
-        act_layer = model.hidden * p
-    activations = tokens * (model.layers * act_layer + model.logits_bytes_per_token())
+    ckpt = round(model.layers * train.checkpointed_layers_fraction)  # keep only their inputs
+    activations = tokens * ((model.layers - ckpt) * act_layer + ckpt * model.hidden * p
+                            + model.logits_bytes_per_token())
     largest_unit = max(u.nbytes for u in model.units(train.seq_len))
     return MemoryBreakdown(
         params_bytes=shard_params * p,

@@ -55,16 +55,16 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     shard_params = -(-model.total_params // plan.shard)
     rt = scn.runtime.compute
     fwd = tuple(cm.forward_s(u) + us_to_s(rt.unit_overhead_forward_us) for u in units)
-    # activation checkpointing re-runs each decoder layer's forward inside its backward
-    recompute = tuple(f if (train.activation_checkpointing and i > 0) else 0.0
-                      for i, f in enumerate(fwd))
+    # activation checkpointing re-runs a checkpointed decoder layer's forward in its backward
+    # (selective: a share of the layers, spread evenly)
+    recompute = tuple(cm.recompute_s(u, f, train) for u, f in zip(units, fwd, strict=True))
     times = StepTimes(
         forward_s=fwd,
         backward_s=tuple(cm.backward_s(u) + us_to_s(rt.unit_overhead_backward_us) + r
                          for u, r in zip(units, recompute, strict=True)),
         unit_nbytes=tuple(u.nbytes for u in units),
-        optimizer_s=cm.optimizer_s(shard_params, model, train)
-        + us_to_s(rt.optimizer_overhead_us),
+        optimizer_s=(cm.optimizer_s(shard_params, model, train)
+                     + us_to_s(rt.optimizer_overhead_us)) / train.grad_accum,
         shard=plan.shard, replicate=plan.replicate, groups=plan.groups,
         shard_params=shard_params,
         fedavg_local_s=(shard_params * dtype_nbytes(alg.fedavg_dtype)
@@ -78,7 +78,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                             comm=scn.runtime.comm)
         for flag in (False, True)
     }
-    part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS, lockstep)
+    part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS, lockstep, agg_steps)
     sim = _simulate(hw=hw, plan=plan, part=part, programs=programs, aggregate_steps=agg_steps,
                     steps=steps, comm=scn.runtime.comm, host=scn.runtime.host,
                     compute_slowdown=scn.runtime.compute.out_of_step_slowdown,

@@ -31,6 +31,10 @@ class ModelSpec:
     dtype: str = param("bf16", choices=("bf16", "fp16", "fp32"), doc="parameter dtype")
     rope_theta: float = param(500000.0, gt=0, doc="RoPE base (realrun only)")
     norm_eps: float = param(1e-5, gt=0, doc="RMSNorm epsilon (realrun only)")
+    mlp: str = param(
+        "swiglu", choices=("swiglu", "gelu"),
+        doc="swiglu: gate, up (d x f) and down (f x d), Llama; gelu: up (d x f) and down "
+        "(f x d), GPT/MPT (simulator only: realrun builds SwiGLU)")
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
@@ -63,9 +67,14 @@ class ModelSpec:
         return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_dim
 
     @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of the MLP: SwiGLU gate, up, down; GELU up, down."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    @property
     def mlp_params(self) -> int:
-        """SwiGLU: gate and up (d x f), down (f x d)."""
-        return 3 * self.hidden * self.ffn_hidden
+        """SwiGLU: gate and up (d x f), down (f x d); GELU: up and down."""
+        return self.mlp_matrices * self.hidden * self.ffn_hidden
 
     @property
     def layer_params(self) -> int:
@@ -138,7 +147,8 @@ class ModelSpec:
         norm input and output (2d), q (d), k and v (2 kv_dim), attention output (d), residual
         and second norm input/output (2d), gate, up, silu(gate) and their product (4f).
         Cf. Korthikanti et al. 2022, sec. 4, adapted to GQA and SwiGLU."""
-        elems = 7 * self.hidden + 2 * self.kv_dim + 4 * self.ffn_hidden
+        elems = 7 * self.hidden + 2 * self.kv_dim + (4 if self.mlp == "swiglu" else 2) \
+            * self.ffn_hidden
         return elems * self.dtype_nbytes
 
     def logits_bytes_per_token(self) -> int:

@@ -168,7 +168,39 @@ class TrainingSpec:
     lr_schedule: str = param("cosine", choices=("cosine", "constant"))
     weight_decay: float = param(0.1, ge=0)
     betas: tuple[float, float] = param((0.9, 0.95))
-    activation_checkpointing: bool = param(False)
+    activation_checkpointing: bool | str = param(
+        False, doc="none | full | selective (true = full, false = none): full re-runs each "
+        "decoder layer's forward in its backward and keeps only its input; selective does so "
+        "for `checkpoint_fraction` of the layers (fms-fsdp's selective_checkpointing, "
+        "torchtitan's every-k-layers)")
+    checkpoint_fraction: float = param(
+        1.0, ge=0, le=1, doc="selective: share of decoder layers checkpointed (1/k for every "
+        "k-th layer)")
+    grad_accum: int = param(
+        1, ge=1, doc="micro-batches per optimizer step: the simulator runs each micro-batch as "
+        "a step (FSDP FULL_SHARD reduces gradients every micro-batch) and charges it "
+        "1/grad_accum of the optimizer step")
+    reduce_dtype: str = param(
+        "", choices=("", "bf16", "fp16", "fp32"),
+        doc="gradient reduce-scatter / all-reduce dtype (empty: the model dtype); fp32 "
+        "doubles the reduce bytes")
+
+    def __post_init__(self) -> None:
+        ac = self.activation_checkpointing
+        if ac not in (True, False, "none", "full", "selective"):
+            raise SpecError(f"training.activation_checkpointing: expected none, full or "
+                            f"selective (or true/false), got {ac!r}")
+
+    @property
+    def ac_policy(self) -> str:
+        """none | full | selective."""
+        ac = self.activation_checkpointing
+        return ("full" if ac else "none") if isinstance(ac, bool) else ac
+
+    @property
+    def checkpointed_layers_fraction(self) -> float:
+        """Share of decoder layers whose forward is re-run in backward."""
+        return {"none": 0.0, "full": 1.0}.get(self.ac_policy, self.checkpoint_fraction)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,105 @@
+"""Published measurements: predict each case of `validation/published/` and compare tokens/s/GPU.
+
+Each case is a scenario (one FSDP-family algorithm) with the throughput its source published;
+`cases.yaml` names the scenario, the published number, its source and whether the case is in the
+fit set (numbers may be checked against it while the model is built) or the check set (held
+back: reported, never iterated on). The summary gives the median and worst |error| of each set.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..spec.schema import SpecError
+
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "validation" / "published"
+SETS = ("fit", "check")
+
+
+def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
+    path = folder / "cases.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"validate --published: {path} not found") from None
+    cases = (data or {}).get("cases") or []
+    for i, c in enumerate(cases):
+        for key in ("name", "scenario", "set", "published_tokens_per_s_per_gpu", "source"):
+            if key not in c:
+                raise SpecError(f"{path}: cases[{i}]: missing {key}")
+        if c["set"] not in SETS:
+            raise SpecError(f"{path}: cases[{i}].set: expected fit or check, got {c['set']!r}")
+    return cases
+
+
+def predict_case(folder: Path, case: dict[str, Any],
+                 overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Simulate one case; its first algorithm's tokens/s/GPU against the published number."""
+    from ..engine import simulate
+    from ..spec import load_scenario
+
+    scn = load_scenario(folder / case["scenario"], overrides)
+    out, _ = simulate(scn, algorithms=[scn.algorithms[0].name])
+    r = out["algorithms"][0]
+    pub = float(case["published_tokens_per_s_per_gpu"])
+    pred = float(r["tokens_per_s_per_gpu"])
+    return {
+        "name": case["name"], "set": case["set"], "gpu": case.get("gpu", ""),
+        "gpus": scn.cluster.world, "model": scn.model.name,
+        "published": pub, "predicted": pred, "error": pred / pub - 1.0,
+        "fits_memory": bool(r["fits"]), "peak_memory_GiB": r["peak_memory_bytes"] / 2**30,
+        "capacity_GiB": r["memory_capacity_bytes"] / 2**30,
+        "mfu": r["mfu"], "exposed_comm_s": r["exposed_comm_s"], "step_time_s": r["step_time_s"],
+    }
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, sel in (("all", rows), *((s, [r for r in rows if r["set"] == s]) for s in SETS)):
+        if not sel:
+            continue
+        errs = [abs(r["error"]) for r in sel]
+        worst = max(sel, key=lambda r: abs(r["error"]))
+        out[name] = {"cases": len(sel), "median_abs_error": statistics.median(errs),
+                     "worst": {"name": worst["name"], "error": worst["error"]},
+                     "rejected_by_memory": sum(not r["fits_memory"] for r in sel)}
+    return out
+
+
+def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = None,
+                       overrides: dict[str, Any] | None = None,
+                       echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+    rows = []
+    for case in load_cases(folder):
+        if only_set and case["set"] != only_set:
+            continue
+        row = predict_case(folder, case, overrides)
+        if echo:
+            echo(f"  {row['name']}: published {row['published']:,.0f}, predicted "
+                 f"{row['predicted']:,.0f} ({100 * row['error']:+.1f}%)")
+        rows.append(row)
+    return {"folder": str(folder), "cases": rows, "summary": summarise(rows)}
+
+
+def print_published(res: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title="published FSDP throughputs: predicted vs published tokens/s/GPU")
+    for col in ("case", "set", "GPUs", "published", "predicted", "error", "MFU", "memory"):
+        t.add_column(col, justify="left" if col in ("case", "set") else "right")
+    for r in res["cases"]:
+        mem = f"{r['peak_memory_GiB']:.0f}/{r['capacity_GiB']:.0f} GiB" + (
+            "" if r["fits_memory"] else " REJECTED")
+        t.add_row(r["name"], r["set"], str(r["gpus"]), f"{r['published']:,.0f}",
+                  f"{r['predicted']:,.0f}", f"{100 * r['error']:+.1f}%", f"{r['mfu']:.3f}", mem)
+    console.print(t)
+    for name, s in res["summary"].items():
+        console.print(f"  {name}: median |error| {100 * s['median_abs_error']:.1f}% over "
+                      f"{s['cases']} cases; worst {s['worst']['name']} "
+                      f"{100 * s['worst']['error']:+.1f}%; rejected by the memory model "
+                      f"{s['rejected_by_memory']}", highlight=False)

@@ -1,0 +1,50 @@
+"""The published-measurements validation set: well-formed, sourced, and no worse than claimed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simfed.calibration.published import DEFAULT_DIR, load_cases, validate_published
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_case_has_a_scenario_and_a_source():
+    cases = load_cases()
+    assert len(cases) >= 12
+    for c in cases:
+        assert (DEFAULT_DIR / c["scenario"]).is_file()
+        src = c["source"]
+        assert src["repo"] and src["file"] and len(src["commit"]) == 40 and src["row"]
+        assert c["published_tokens_per_s_per_gpu"] > 0
+    sets = {c["set"] for c in cases}
+    assert sets == {"fit", "check"}
+
+
+def test_held_out_tables_are_not_used():
+    for c in load_cases():
+        table = c["source"].get("table", "")
+        assert not table.startswith("A100 40GB") and "Large Scale" not in table
+        assert "torchtitan" not in c["source"]["repo"]
+
+
+@pytest.fixture(scope="module")
+def result():
+    return validate_published()
+
+
+def test_median_error_within_the_documented_claim(result):
+    claims = yaml.safe_load((DEFAULT_DIR / "cases.yaml").read_text())["claims"]
+    s = result["summary"]["all"]
+    assert s["median_abs_error"] <= claims["median_abs_error"]
+    assert abs(s["worst"]["error"]) <= claims["worst_abs_error"]
+    doc = (ROOT / "docs" / "accuracy.md").read_text()
+    assert f"{100 * claims['median_abs_error']:.0f}%" in doc
+
+
+def test_errors_are_predicted_over_published(result):
+    for r in result["cases"]:
+        assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1.0)
