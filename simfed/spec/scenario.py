@@ -10,17 +10,17 @@ validation (used by sweeps and `--set`).
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .algorithms import ALGORITHMS, algorithm_info
 from .model import ModelSpec
 from .plan import ParallelPlan
 from .schema import SpecError, build, param
+from .yamlio import MAX_NODES, expanded_size, read_yaml
 
 SCHEMA_VERSION = 1
 # where a per-collective factor applies: inside one node or across nodes, and the same for
@@ -107,11 +107,22 @@ class ClusterSpec:
     @property
     def ranks_per_core(self) -> float:
         """Most ranks one host core carries when every rank runs at once (1.0: a core each)."""
-        return ranks_per_core(range(self.world), self.node.gpus, self.node.cpu_cores,
-                              self.host_cores)
+        if self.node.cpu_cores <= 0 and self.host_cores <= 0:
+            return 1.0
+        period = _core_period(self.node.cpu_cores, self.host_cores)
+        if not period:  # nodes with cores of their own: all alike, one stands for every node
+            return _core_load({0: self.node.gpus}, self.node.cpu_cores, 0)
+        per_residue = {m: self.node.gpus * len(range(m, self.nodes, period))
+                       for m in range(min(period, self.nodes))}
+        return _core_load(per_residue, self.node.cpu_cores, self.host_cores)
 
     def node_cores(self) -> tuple[frozenset[int], ...]:
-        """Per node, the host cores its ranks run on (empty: cores are not modelled)."""
+        """Per node, the host cores its ranks run on (empty: cores are not modelled). Cores are
+        modelled only on an emulated cluster (`host_cores`): nodes with cores of their own share
+        none with another node, and federation groups are whole nodes, so no rank ever meets
+        another group's ranks on a core (and no per-core structure is built for 10^5 nodes)."""
+        if self.host_cores <= 0:
+            return ()
         return tuple(node_cores(n, self.node.cpu_cores, self.host_cores)
                      for n in range(self.nodes))
 
@@ -127,6 +138,29 @@ def node_cores(node: int, cpu_cores: int, host_cores: int) -> frozenset[int]:
                      for j in range(cpu_cores))
 
 
+def _core_period(cpu_cores: int, host_cores: int) -> int:
+    """Nodes n and n + period run on the same host cores (`node_cores`); 0: never (own cores)."""
+    if host_cores <= 0:
+        return 0
+    if cpu_cores <= 0:
+        return 1
+    return host_cores // math.gcd(cpu_cores, host_cores)
+
+
+def _core_load(ranks_by_node: Mapping[int, int], cpu_cores: int, host_cores: int) -> float:
+    """Most ranks one core carries, from the count of running ranks per node (per node residue
+    modulo `_core_period` on an emulated cluster: those nodes share their cores)."""
+    load: dict[int, float] = {}
+    for node, count in ranks_by_node.items():
+        cores = node_cores(node, cpu_cores, host_cores)
+        if not host_cores:  # a node's own cores: evenly loaded, shared with no other node
+            load[node] = count / len(cores)
+            continue
+        for c in cores:
+            load[c] = load.get(c, 0.0) + count / len(cores)
+    return max([1.0, *load.values()])
+
+
 def ranks_per_core(ranks: Iterable[int], gpus_per_node: int, cpu_cores: int,
                    host_cores: int) -> float:
     """Most of `ranks` one host core carries when they run at once, each node's ranks spread
@@ -134,12 +168,13 @@ def ranks_per_core(ranks: Iterable[int], gpus_per_node: int, cpu_cores: int,
     itself)."""
     if cpu_cores <= 0 and host_cores <= 0:
         return 1.0
-    load: dict[int, float] = {}
+    period = _core_period(cpu_cores, host_cores)
+    counts: dict[int, int] = {}
     for r in ranks:
-        cores = node_cores(r // gpus_per_node, cpu_cores, host_cores)
-        for c in cores:
-            load[c] = load.get(c, 0.0) + 1.0 / len(cores)
-    return max([1.0, *load.values()])
+        node = r // gpus_per_node
+        key = node % period if period else node
+        counts[key] = counts.get(key, 0) + 1
+    return _core_load(counts, cpu_cores, host_cores)
 
 
 def node_block_groups(nodes: int, per_node: int, block: int) -> list[list[int]]:
@@ -535,19 +570,8 @@ class Scenario:
 
 
 def _read_yaml(path: Path, where: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{where}: file not found: {path}") from None
-    except OSError as exc:
-        raise SpecError(f"{where}: cannot read {path}: {exc.strerror}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"{path}:{at}: invalid YAML: {problem}") from None
+    """One YAML file, with `yamlio`'s limits (size, UTF-8, duplicate keys, nesting, aliases)."""
+    return read_yaml(path, where)
 
 
 def _deep_merge(base: Any, over: Any) -> Any:
@@ -559,30 +583,53 @@ def _deep_merge(base: Any, over: Any) -> Any:
     return copy.deepcopy(over)
 
 
-def resolve_includes(data: Any, base_dir: Path, where: str = "", depth: int = 0) -> Any:
-    """Replace every mapping's `include: FILE` by that file's mapping merged with its overrides."""
-    if depth > 16:
-        raise SpecError(f"{where or '<top level>'}: include nesting deeper than 16")
+# includes: at most this many levels deep and this many files in all (a fan-out of includes
+# multiplies; the shipped scenarios use 3 files)
+MAX_INCLUDE_DEPTH = 16
+MAX_INCLUDE_FILES = 64
+
+
+def resolve_includes(data: Any, base_dir: Path, where: str = "", depth: int = 0,
+                     _chain: tuple[Path, ...] = (), _count: list[int] | None = None) -> Any:
+    """Replace every mapping's `include: FILE` by that file's mapping merged with its overrides.
+    A cycle is refused with its chain; so are more than MAX_INCLUDE_DEPTH levels and more than
+    MAX_INCLUDE_FILES files read in all."""
+    count = _count if _count is not None else [0, 0]
+    if depth > MAX_INCLUDE_DEPTH:
+        raise SpecError(f"{where or '<top level>'}: include nesting deeper than "
+                        f"{MAX_INCLUDE_DEPTH}")
     if isinstance(data, list):
-        return [resolve_includes(v, base_dir, f"{where}[{i}]", depth) for i, v in enumerate(data)]
+        return [resolve_includes(v, base_dir, f"{where}[{i}]", depth, _chain, count)
+                for i, v in enumerate(data)]
     if not isinstance(data, dict):
         return data
     out: dict[str, Any] = {}
     if "include" in data:
         ref = data["include"]
         key = f"{where}.include" if where else "include"
-        if not isinstance(ref, str):
+        if not isinstance(ref, str) or not ref:
             raise SpecError(f"{key}: expected a file path, got {ref!r}")
         path = (base_dir / ref).resolve()
+        if path in _chain:
+            cycle = " -> ".join(p.name for p in (*_chain[_chain.index(path):], path))
+            raise SpecError(f"{key}: include cycle: {cycle}")
+        count[0] += 1
+        if count[0] > MAX_INCLUDE_FILES:
+            raise SpecError(f"{key}: more than {MAX_INCLUDE_FILES} included files in all "
+                            f"(at {ref})")
         included = _read_yaml(path, key)
         if not isinstance(included, dict):
             raise SpecError(f"{key}: {ref} does not hold a mapping")
-        out = resolve_includes(included, path.parent, where, depth + 1)
+        count[1] += expanded_size(included, str(path))
+        if count[1] > MAX_NODES:
+            raise SpecError(f"{key}: the included files hold more than {MAX_NODES:,} values "
+                            "in all")
+        out = resolve_includes(included, path.parent, where, depth + 1, (*_chain, path), count)
     for k, v in data.items():
         if k == "include":
             continue
         sub = f"{where}.{k}" if where else str(k)
-        v = resolve_includes(v, base_dir, sub, depth)
+        v = resolve_includes(v, base_dir, sub, depth, _chain, count)
         out[k] = _deep_merge(out[k], v) if k in out else v
     return out
 
@@ -639,7 +686,7 @@ def load_profile(path: str | Path) -> dict:
     if unknown:
         raise SpecError(f"{p}: {unknown[0]}: a profile holds only "
                         f"{' and '.join(PROFILE_SECTIONS)} sections")
-    return resolve_includes(data, p.parent.resolve())
+    return resolve_includes(data, p.parent.resolve(), _chain=(p.resolve(),))
 
 
 def load_scenario_data(path: str | Path, overrides: Mapping[str, Any] | None = None,
@@ -650,7 +697,7 @@ def load_scenario_data(path: str | Path, overrides: Mapping[str, Any] | None = N
     data = _read_yaml(p, "scenario")
     if not isinstance(data, dict):
         raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
-    data = resolve_includes(data, p.parent.resolve())
+    data = resolve_includes(data, p.parent.resolve(), _chain=(p.resolve(),))
     if profile is not None:
         data = _deep_merge(data, load_profile(profile))
     for dotted, value in (overrides or {}).items():

@@ -9,11 +9,18 @@ got -5").
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, TypeVar, Union, get_args, get_origin
 
 T = TypeVar("T")
+
+# Every number in a spec is finite and at most this large in size; keys with a physical range
+# say so with their own bounds (`param(le=...)`). 2**53: integers stay exact as floats, and no
+# product of a few such numbers overflows a float.
+MAX_INT = 2**53
+MAX_FLOAT = 1e15
 
 
 class SpecError(ValueError):
@@ -45,6 +52,15 @@ def param(
 def _fmt(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fmt_big(value: int | float) -> str:
+    """A huge number, briefly (str() of a 10**400 int is long and Python caps the digits)."""
+    if isinstance(value, int) and abs(value) > 10**15:
+        if abs(value) >= 10**4000:
+            return "a huge integer"
+        return f"about 10**{len(str(abs(value))) - 1}"
+    return _fmt(value)
 
 
 def _join(path: str, key: str | int) -> str:
@@ -107,12 +123,21 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise SpecError(f"{path}: expected an integer, got {_fmt(value)}")
+                value = int(value)
+            else:
+                raise SpecError(f"{path}: expected an integer, got {_fmt(value)}")
+        if abs(value) > MAX_INT:
+            raise SpecError(f"{path}: {_fmt_big(value)} is out of range (an integer key is at "
+                            f"most 2**53 = {MAX_INT:,} in size)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{path}: expected a number, got {_fmt(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(f"{path}: must be a finite number, got {value}")
+        if abs(value) > MAX_FLOAT:
+            raise SpecError(f"{path}: {_fmt_big(value)} is out of range (a number is at most "
+                            f"{MAX_FLOAT:g} in size)")
         return float(value)
     if tp is str:
         if isinstance(value, bool):
