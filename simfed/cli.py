@@ -9,9 +9,36 @@ import click
 
 from .spec import SpecError
 
+# exit statuses: 2 bad input (a SpecError, a usage error, a file that cannot be read or
+# written); INTERNAL_ERROR a fault of simfed itself (a bug: the traceback goes to a log file)
+INTERNAL_ERROR = 3
+
+
+def _internal_error(exc: BaseException) -> None:
+    """One line on stderr naming a log file that holds the traceback; exit INTERNAL_ERROR."""
+    import tempfile
+    import time
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    first = (str(exc).splitlines() or [""])[0][:200]
+    try:
+        fd, log = tempfile.mkstemp(prefix=time.strftime("simfed-crash-%Y%m%d-%H%M%S-"),
+                                   suffix=".log")
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(f"simfed {' '.join(sys.argv[1:])}\n{text}")
+        where = f"traceback in {log}"
+    except OSError:
+        where = "no log file could be written"
+    click.echo(f"internal error (a bug in simfed, not in the input): {type(exc).__name__}: "
+               f"{first} ({where})", err=True)
+    sys.exit(INTERNAL_ERROR)
+
 
 class _Group(click.Group):
-    """Turn every SpecError (bad input) into a one-line message and exit status 2."""
+    """The error contract: a SpecError (bad input) or a file that cannot be read or written is
+    one line and exit status 2; anything else is an internal error: one line naming a log file
+    with the traceback, exit status 3 (`INTERNAL_ERROR`), never a raw traceback."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
@@ -19,6 +46,52 @@ class _Group(click.Group):
         except SpecError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except (click.exceptions.ClickException, click.exceptions.Exit,
+                click.exceptions.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except OSError as exc:  # the file system: a full disk, a path that went away
+            name = f" {exc.filename}" if exc.filename else ""
+            click.echo(f"error: cannot access{name}: {exc.strerror or exc}", err=True)
+            sys.exit(2)
+        except Exception as exc:  # RecursionError and MemoryError included
+            _internal_error(exc)
+
+
+def check_output(path: str | Path | None, option: str, *, folder: bool = False) -> None:
+    """Before any work: `path` (a file, or a folder with `folder`) can be written: it is not
+    the wrong kind of thing, and it exists writable or its nearest existing parent is a
+    writable folder. Raises SpecError naming the option and the path."""
+    import os
+    import tempfile
+
+    if path is None:
+        return
+    p = Path(path)
+    if str(path) == "":
+        raise SpecError(f"{option}: an empty path")
+    if p.exists():
+        if folder and not p.is_dir():
+            raise SpecError(f"{option} {path}: exists and is not a folder")
+        if not folder and p.is_dir():
+            raise SpecError(f"{option} {path}: is a folder, expected a file name")
+        if not os.access(p, os.W_OK):
+            raise SpecError(f"{option} {path}: not writable")
+        probe = p if folder else p.absolute().parent
+    else:
+        probe = p.absolute().parent
+        while not probe.exists():
+            probe = probe.parent
+        if not probe.is_dir():
+            raise SpecError(f"{option} {path}: {probe} is not a folder")
+    try:  # os.access says yes to root everywhere; a file created and removed tells the truth
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise SpecError(f"{option} {path}: cannot write in {probe}: "
+                        f"{exc.strerror or exc}") from None
 
 
 @click.group(cls=_Group)
@@ -56,7 +129,8 @@ _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results JSON.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False),
               help="Write per-algorithm JSONL traces and Chrome/Perfetto traces here.")
-@click.option("--trace-steps", type=int, default=None, help="Trace only the first N steps.")
+@click.option("--trace-steps", type=click.IntRange(min=1), default=None,
+              help="Trace only the first N steps.")
 @click.option("--algorithm", "-a", "algorithms", multiple=True,
               help="Simulate only these algorithms (names or labels).")
 @click.option("--seed", type=int, default=None, help="Override the scenario seed.")
@@ -72,6 +146,11 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
     from .engine import simulate
     from .spec import load_scenario
 
+    for a in algorithms:
+        if not a.strip():
+            raise SpecError("--algorithm: an empty name; give an algorithm's name or label")
+    check_output(json_path, "--json")
+    check_output(trace_dir, "--trace", folder=True)
     overrides = parse_sets(sets)
     if seed is not None:
         overrides["seed"] = seed
@@ -140,6 +219,8 @@ def calibrate(inputs: tuple[Path, ...], scenario: str, out: Path, report: Path |
     from .calibration import read_inputs, write_profile
     from .spec import load_scenario
 
+    check_output(out, "--out")
+    check_output(report or out.with_suffix(".json"), "--report")
     scn = load_scenario(scenario)
     samples = read_inputs(list(inputs), scn.cluster.node.gpus)
     profile, rep = fit(scn, samples)
@@ -183,6 +264,9 @@ def validate(scenario: Path | None, published: Path | None, only_set: str | None
     from .analysis.report import write_json
     from .calibration.validate import validate as run_validation
 
+    check_output(json_path, "--json")
+    if published is None:
+        check_output(out, "--out", folder=True)
     console = Console()
     if not console.is_terminal:  # a log file: room for the whole table
         console = Console(width=150)

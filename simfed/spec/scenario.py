@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .algorithms import ALGORITHMS, algorithm_info
+from .limits import MAX_WORLD
 from .model import ModelSpec
 from .plan import ParallelPlan
-from .schema import SpecError, build, param
+from .schema import SpecError, build, param, to_plain
 from .yamlio import MAX_NODES, expanded_size, read_yaml
 
 SCHEMA_VERSION = 1
@@ -476,6 +478,7 @@ class StragglerSpec:
 
 # the parts of `realrun bench` that measure compute (the rest: comm, checks)
 REBENCH_PARTS = ("compute", "units", "optimizer")
+BENCH_PARTS = ("comm", *REBENCH_PARTS, "checks")  # realrun.bench.PARTS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -532,6 +535,18 @@ class Scenario:
                 raise SpecError(
                     f"algorithms[{i}].label: {a.name} appears more than once; give each a label"
                 )
+        _check_labels(self.algorithms)
+        if self.cluster.world > MAX_WORLD:
+            raise SpecError(
+                f"cluster: {self.cluster.nodes:,} nodes x {self.cluster.node.gpus:,} GPUs = "
+                f"{self.cluster.world:,} GPUs; the limit is {MAX_WORLD:,} (the simulator's time "
+                "grows with the GPUs: about a minute at the limit on 2 cores)")
+        if (self.stragglers.jitter.distribution == "uniform"
+                and self.stragglers.jitter.sigma >= 1):
+            raise SpecError(f"stragglers.jitter.sigma: a uniform half-width must be < 1 (a "
+                            f"compute factor 1 +- sigma stays positive), got "
+                            f"{self.stragglers.jitter.sigma}")
+        self._check_validation()
         for i, a in enumerate(self.algorithms):
             try:
                 a.plan(self.cluster)
@@ -548,11 +563,55 @@ class Scenario:
             if g.rank >= world:
                 raise SpecError(f"stragglers: rank {g.rank} does not exist ({world} GPUs)")
 
+    def _check_validation(self) -> None:
+        """Every validation shape's and bench set's overrides give a valid scenario, and a
+        shape's algorithms are in it: at load time, not partway through `simfed validate`."""
+        v = self.validation
+        if not (v.shapes or v.bench_sets):
+            return
+        base = _without_none(to_plain(self))
+        base.pop("validation")
+
+        def variant(sets: Mapping[str, Any], where: str) -> Scenario:
+            data = copy.deepcopy(base)
+            try:
+                for dotted, value in sets.items():
+                    set_dotted(data, str(dotted), value)
+                return build(Scenario, data, "")
+            except SpecError as exc:
+                raise SpecError(f"{where}: {exc}") from None
+
+        for i, shape in enumerate(v.shapes):
+            where = f"validation.shapes[{i}]"
+            scn = variant(shape.set, f"{where}.set") if shape.set else self
+            for j, name in enumerate(shape.algorithms):
+                try:
+                    scn.algorithm(name)
+                except SpecError as exc:
+                    raise SpecError(f"{where}.algorithms[{j}]: {exc}") from None
+        for i, sets in enumerate(v.bench_sets):
+            where = f"validation.bench_sets[{i}]"
+            sets = dict(sets)
+            skip = sets.pop("skip", "")
+            bad = [p for p in str(skip).split(",") if p.strip() and p.strip() not in BENCH_PARTS]
+            if bad:
+                raise SpecError(f"{where}.skip: {bad[0]!r} is not a part of `realrun bench` "
+                                f"({', '.join(BENCH_PARTS)})")
+            variant(sets, where)
+
     def algorithm(self, name: str) -> AlgorithmSpec:
-        for a in self.algorithms:
-            if a.name == name or a.label == name:
-                return a
+        """The algorithm with this label, else with this name (a name that more than one
+        algorithm has is ambiguous: use the labels)."""
         valid = ", ".join(a.label or a.name for a in self.algorithms)
+        if not name or not name.strip():
+            raise SpecError(f"algorithm: an empty name; this scenario has: {valid}")
+        found = ([a for a in self.algorithms if a.label and a.label == name]
+                 or [a for a in self.algorithms if a.name == name])
+        if len(found) > 1:
+            raise SpecError(f"algorithm {name!r} is ambiguous: {len(found)} algorithms have "
+                            f"that name; use a label ({valid})")
+        if found:
+            return found[0]
         raise SpecError(f"algorithm {name!r} is not in this scenario; it has: {valid}")
 
     @property
@@ -563,6 +622,45 @@ class Scenario:
     def dataset_sequences(self) -> int:
         t = self.training
         return t.dataset_sequences or t.steps * self.cluster.world * t.micro_batch
+
+
+# a label names an algorithm in tables and is the stem of its trace files: a name, not a path
+LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 +._()-]{0,63}")
+
+
+def _without_none(data: Any) -> Any:
+    """Plain data without the None values of unset optional keys (so it builds again)."""
+    if isinstance(data, dict):
+        return {k: _without_none(v) for k, v in data.items() if v is not None}
+    if isinstance(data, list):
+        return [_without_none(v) for v in data]
+    return data
+
+
+def trace_stem(display: str) -> str:
+    """The file name stem of an algorithm's traces (`simfed run --trace`)."""
+    return display.lower().replace("+", "_").replace(" ", "_")
+
+
+def _check_labels(algorithms: tuple[AlgorithmSpec, ...]) -> None:
+    """Labels are names (letters, digits, space, + . _ ( ) -; no path separators, no `..`),
+    another algorithm's name is not a label, and no two algorithms share a display name or a
+    trace file."""
+    seen: dict[str, int] = {}
+    for i, a in enumerate(algorithms):
+        where = f"algorithms[{i}].label"
+        if a.label:
+            if not LABEL_RE.fullmatch(a.label) or ".." in a.label:
+                raise SpecError(f"{where}: {a.label!r} is not a name (letters, digits, space, "
+                                "+ . _ ( ) -, at most 64, no '..'); labels name trace files")
+            if a.label in ALGORITHMS and a.label != a.name:
+                raise SpecError(f"{where}: {a.label!r} is the name of another algorithm; "
+                                f"`--algorithm {a.label}` would be ambiguous")
+        for key in {a.display.lower(), trace_stem(a.display)}:
+            if key in seen:
+                raise SpecError(f"{where}: {a.display!r} names algorithms[{seen[key]}] too "
+                                "(labels and trace files must be unique); give each a label")
+            seen[key] = i
 
 
 # ---------------------------------------------------------------------------------------------

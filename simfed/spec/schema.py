@@ -14,6 +14,8 @@ import types
 import typing
 from typing import Any, TypeVar, Union, get_args, get_origin
 
+from . import limits
+
 T = TypeVar("T")
 
 # Every number in a spec is finite and at most this large in size; keys with a physical range
@@ -185,6 +187,9 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
             continue
         value = _convert(hints[name], data[name], sub)
         _check_meta(f.metadata, value, sub)
+        why = limits.check(sub, name, value)
+        if why:
+            raise SpecError(f"{sub}: {why}")
         kwargs[name] = value
     try:
         obj = cls(**kwargs)

@@ -134,3 +134,50 @@ def test_ranks_per_core_closed_form_matches_the_per_rank_count():
                     ranks = range(0, nodes * g, 2)  # a subset, unevenly over the nodes
                     assert ranks_per_core(ranks, g, cpu, host) == pytest.approx(
                         per_rank(ranks, g, cpu, host))
+
+
+@pytest.mark.parametrize("dotted, value, expect", [
+    ("validation.shapes", [{"name": "a", "set": {"cluster.nodez": 2}}],
+     "validation.shapes[0].set: cluster.nodez: unknown key"),
+    ("validation.shapes", [{"name": "a", "algorithms": ["bogus"]}],
+     "validation.shapes[0].algorithms[0]: algorithm 'bogus' is not in this scenario"),
+    ("validation.bench_sets", [{"cluster.node.gpus": 2, "skip": "units,bogus"}],
+     "validation.bench_sets[0].skip: 'bogus'"),
+    ("validation.bench_sets", [{"training.stepz": 3}], "validation.bench_sets[0]: training.stepz"),
+    ("algorithms", [{"name": "fsdp", "label": "hsdp"}, {"name": "hsdp"}],
+     "algorithms[0].label: 'hsdp' is the name of another algorithm"),
+    ("algorithms", [{"name": "fsdp", "label": "../x"}],
+     "algorithms[0].label: '../x' is not a name"),
+    ("algorithms", [{"name": "fsdp", "label": "X"}, {"name": "hsdp", "label": "x"}],
+     "algorithms[1].label: 'x' names algorithms[0] too"),
+    ("model.layers", 10_000, "model.layers: must be <= 512"),
+    ("cluster.nodes", 600_000, "cluster.nodes: must be <= 524288"),
+    ("stragglers.jitter.sigma", 30, "stragglers.jitter.sigma: must be <= 1"),
+    ("cluster.node.nvlink.latency_us", 1e12, "at most 10 s"),
+    ("runtime.comm.op_bw_factor", {"all_gather": 1e-9}, "a factor is between 0.001 and 1000"),
+])
+def test_scenario_level_faults_are_caught_at_load_time(tmp_path, dotted, value, expect):
+    data = _cpu4()
+    data["validation"] = {}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    assert expect in _err(load_scenario, p, {dotted: value})
+
+
+def test_world_limit_names_the_numbers(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(_cpu4()))
+    msg = _err(load_scenario, p, {"cluster.nodes": 2**18, "cluster.node.gpus": 4,
+                                  "cluster.host_cores": 0})
+    assert "262,144 nodes x 4 GPUs = 1,048,576 GPUs; the limit is 524,288" in msg
+
+
+def test_algorithm_lookup_prefers_labels_and_refuses_ambiguity(tmp_path):
+    data = _cpu4()
+    data["algorithms"] = [{"name": "fsdp", "label": "A"}, {"name": "fsdp", "label": "B"}]
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    scn = load_scenario(p)
+    assert scn.algorithm("B").label == "B"
+    assert "ambiguous" in _err(scn.algorithm, "fsdp")
+    assert "empty" in _err(scn.algorithm, "")
