@@ -108,7 +108,7 @@ def print_report(out: dict[str, Any], console: Console | None = None) -> None:
 
 
 def dumps(out: dict[str, Any]) -> str:
-    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+    return json.dumps(out, indent=2, sort_keys=True, allow_nan=False) + "\n"  # strict JSON
 
 
 def write_json(path: str | Path, out: dict[str, Any]) -> Path:

@@ -23,6 +23,7 @@ from .actors import partition
 from .program import StepTimes, build_program
 from .sim import Simulation
 from .timeline import actor_spans, busy_and_exposed, busy_share, peak_unsharded_bytes, step_bounds
+from .window import STEP_WINDOW, check_result, simulate_windowed
 
 
 @dataclass
@@ -204,6 +205,10 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     `jobs` > 1 runs the algorithms in parallel processes (same results: each is deterministic);
     None picks that automatically when jitter breaks the symmetry of every node (the costly
     case; starting worker processes costs more than it saves otherwise)."""
+    if scn.training.steps > STEP_WINDOW:  # a long run from a window (simfed.engine.window)
+        out, spans = simulate_windowed(simulate, scn, algorithms, trace=trace,
+                                       trace_steps=trace_steps, jobs=jobs)
+        return check_result(out), spans
     chosen = list(scn.algorithms)
     if algorithms:
         chosen = [scn.algorithm(n) for n in algorithms]
@@ -243,4 +248,4 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     }
     if any(math.isnan(r["step_time_s"]) for r in runs):
         raise SpecError("simulation produced no step time")
-    return out, spans
+    return check_result(out), spans
