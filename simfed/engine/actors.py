@@ -107,10 +107,88 @@ def rank_factors(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int
     return keys, seqs
 
 
+def factor_table(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int
+                 ) -> np.ndarray:
+    """Every rank's compute factor at every step, (world, steps): the same draws and products
+    as `rank_factors` (so both methods see one realisation of the jitter)."""
+    node_f = np.ones(plan.nodes)
+    for s in strag.slow_nodes:
+        node_f[s.node] *= s.factor
+    gpu_f = np.ones(plan.world)
+    for s in strag.slow_gpus:
+        gpu_f[s.rank] *= s.factor
+    node_of = np.arange(plan.world) // plan.gpus_per_node
+    static = node_f[node_of] * gpu_f
+    j = strag.jitter
+    if j.sigma <= 0:
+        return np.repeat(static[:, None], steps, axis=1)
+    rng = np.random.default_rng(seed)
+    count = plan.world if j.level == "gpu" else plan.nodes
+    if j.distribution == "lognormal":
+        table = np.exp(rng.normal(-j.sigma**2 / 2, j.sigma, size=(count, steps)))
+    else:
+        table = np.maximum(rng.uniform(1 - j.sigma, 1 + j.sigma, size=(count, steps)), 1e-3)
+    draws = table if j.level == "gpu" else table[node_of]
+    return static[:, None] * draws
+
+
+def group_factors(plan: ParallelPlan, table: np.ndarray) -> np.ndarray:
+    """Per federation group and step, (groups, steps): the slowest rank's factor. A shard group
+    runs in lockstep at its slowest member's pace (see the module note); the replicas of an HSDP
+    group meet at every unit's all-reduce and again before the optimizer, so every one of them
+    waits for the slowest replica at each step. A rank's timeline within a step is a
+    nondecreasing function of its factor, so for ranks that all start the step together the
+    latest arrival at every rendezvous is the one with the largest factor."""
+    steps = table.shape[1]
+    t = table.reshape(plan.groups, plan.replicate, plan.shard, steps)
+    return t.max(axis=2).max(axis=1)
+
+
+def round_slowest(per_group: np.ndarray, agg_steps: set[int]) -> np.ndarray:
+    """The factor sequence of the group that sets each FedAvg round's pace: per round (the
+    steps up to an aggregation), the group whose factors sum highest over the round (a step's
+    time grows about linearly with its factor, so that group arrives last at FedAvg; the
+    blocking all-reduce starts every group's next round together). Ties: the lowest group."""
+    groups, steps = per_group.shape
+    if groups == 1:
+        return per_group[0].copy()
+    out = np.empty(steps)
+    start = 0
+    ends = sorted(s for s in agg_steps if s < steps)
+    if not ends or ends[-1] != steps - 1:
+        ends.append(steps - 1)
+    for end in ends:
+        seg = per_group[:, start:end + 1]
+        g = int(np.argmax(seg.sum(axis=1)))
+        out[start:end + 1] = seg[g]
+        start = end + 1
+    return out
+
+
+def collapsed_factors(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int,
+                      agg_steps: set[int]) -> np.ndarray:
+    """The order-statistics method: one factor sequence that sets the pace of the whole run
+    (the slowest shard group within a federation group at every step, the slowest federation
+    group in every FedAvg round), computed from the whole (world, steps) factor table in numpy
+    instead of simulating one actor per distinct rank."""
+    return round_slowest(group_factors(plan, factor_table(plan, strag, steps, seed)), agg_steps)
+
+
 def partition(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int,
-              kinds: tuple[str, ...] = PG_KINDS, lockstep: bool = True) -> Partition:
-    """Actors of a plan; `lockstep=False` keeps every shard-group member apart (slow; tests)."""
-    keys, seqs = rank_factors(plan, strag, steps, seed, lockstep)
+              kinds: tuple[str, ...] = PG_KINDS, lockstep: bool = True,
+              agg_steps: set[int] | None = None) -> Partition:
+    """Actors of a plan; `lockstep=False` keeps every shard-group member apart (slow; tests).
+    With `stragglers.method: order_stats` (the default) and compute heterogeneity, every rank
+    takes the collapsed factor sequence (`collapsed_factors`; `agg_steps`: the FedAvg steps), so
+    only links (degraded NICs) still split ranks into actors; `per_rank` simulates every class
+    of ranks with distinct factors (the exact reference)."""
+    if (strag.method == "order_stats" and lockstep
+            and (strag.slow_nodes or strag.slow_gpus or strag.jitter.sigma > 0)):
+        key: tuple = ("order_stats",)
+        keys: list[tuple] = [key] * plan.world
+        seqs = {key: collapsed_factors(plan, strag, steps, seed, agg_steps or set())}
+    else:
+        keys, seqs = rank_factors(plan, strag, steps, seed, lockstep)
     nic_f = defaultdict(lambda: 1.0)
     for d in strag.degraded_nics:
         nic_f[d.node] *= d.factor

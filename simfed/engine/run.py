@@ -203,8 +203,9 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     Returns (JSON-ready result, spans per algorithm label when tracing).
 
     `jobs` > 1 runs the algorithms in parallel processes (same results: each is deterministic);
-    None picks that automatically when jitter breaks the symmetry of every node (the costly
-    case; starting worker processes costs more than it saves otherwise)."""
+    None picks that automatically when jitter breaks the symmetry of every node and the
+    per-rank method simulates each (the costly case; starting worker processes costs more than
+    it saves otherwise)."""
     if scn.training.steps > STEP_WINDOW:  # a long run from a window (simfed.engine.window)
         out, spans = simulate_windowed(simulate, scn, algorithms, trace=trace,
                                        trace_steps=trace_steps, jobs=jobs)
@@ -213,7 +214,8 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     if algorithms:
         chosen = [scn.algorithm(n) for n in algorithms]
     if jobs is None:
-        jobs = min(len(chosen), os.cpu_count() or 1) if scn.stragglers.jitter.sigma else 1
+        costly = scn.stragglers.jitter.sigma and scn.stragglers.method == "per_rank"
+        jobs = min(len(chosen), os.cpu_count() or 1) if costly else 1
     tasks = [(scn, alg, trace, trace_steps) for alg in chosen]
     if jobs > 1 and len(tasks) > 1:
         ctx = multiprocessing.get_context("spawn")  # no fork of a half-used SimPy state

@@ -46,7 +46,9 @@ def test_persistent_straggler_is_paid_by_everyone_at_fedavg():
 
 
 def test_fl_straggler_stalls_only_its_group():
-    scn = load_scenario(TINY, {"stragglers": {"slow_nodes": [{"node": 1, "factor": 3.0}]},
+    """The per-rank reference keeps each group's timeline (order_stats keeps the pace-setter's)."""
+    scn = load_scenario(TINY, {"stragglers": {"slow_nodes": [{"node": 1, "factor": 3.0}],
+                                              "method": "per_rank"},
                                "training.steps": 4, "algorithms.fl_fsdp.aggregate_every": 4})
     run = simulate_algorithm(scn, scn.algorithm("fl_fsdp"), trace=True)
     # node 0 (group 0) runs its 4 local steps at full speed, then waits in the FedAvg
@@ -68,7 +70,8 @@ def test_partition_homogeneous_is_one_actor_per_algorithm():
 
 def test_partition_slow_node_refines_only_what_differs():
     plan = ParallelPlan.for_algorithm("fl_fsdp", nodes=128, gpus_per_node=4, group_nodes=1)
-    part = partition(plan, StragglerSpec(slow_nodes=(SlowNode(node=5, factor=2.0),)), 4, 0)
+    part = partition(plan, StragglerSpec(slow_nodes=(SlowNode(node=5, factor=2.0),),
+                                         method="per_rank"), 4, 0)
     # the slow node's group, and everyone else
     assert sorted(len(a.ranks) for a in part.actors) == [4, 508]
     # FSDP: one shard group in lockstep -> one actor running at the slow node's pace
@@ -88,7 +91,8 @@ def test_lockstep_merge_of_shard_groups_is_exact(name):
     late (the spread of the optimizer step: well under 1% here)."""
     scn = load_scenario(TINY, {"cluster.nodes": 4, "training.steps": 6,
                                "runtime.host.debug_checks": "detail",
-                               "stragglers": {"jitter": {"sigma": 0.2, "level": "gpu"}}})
+                               "stragglers": {"jitter": {"sigma": 0.2, "level": "gpu"},
+                                              "method": "per_rank"}})
     merged = simulate_algorithm(scn, scn.algorithm(name)).result
     apart = simulate_algorithm(scn, scn.algorithm(name), lockstep=False).result
     assert apart["actors"] > merged["actors"]
@@ -99,7 +103,7 @@ def test_lockstep_merge_of_shard_groups_is_exact(name):
 
 def test_jitter_is_seeded_and_deterministic():
     plan = ParallelPlan.for_algorithm("hsdp", nodes=8, gpus_per_node=4)
-    spec = StragglerSpec(jitter=JitterSpec(sigma=0.1, level="node"))
+    spec = StragglerSpec(jitter=JitterSpec(sigma=0.1, level="node"), method="per_rank")
     a = partition(plan, spec, 16, seed=7)
     b = partition(plan, spec, 16, seed=7)
     c = partition(plan, spec, 16, seed=8)
