@@ -38,6 +38,7 @@ class Hardware:
     switch_Bps: float = 0.0  # leaf switch aggregate capacity (0: non-blocking)
     ranks_per_core: float = 1.0  # CPU testbeds: ranks sharing a host core when all run
     node_cores: tuple[frozenset[int], ...] = ()  # CPU testbeds: a node's host cores (or none)
+    sms: int = 0  # streaming multiprocessors (0: not modelled)
 
     @classmethod
     def from_spec(cls, cluster: ClusterSpec, runtime: RuntimeSpec) -> Hardware:
@@ -68,6 +69,7 @@ class Hardware:
             switch_Bps=gbps_to_Bps(f.switch_capacity_Gbps),
             ranks_per_core=cluster.ranks_per_core,
             node_cores=cluster.node_cores(),
+            sms=n.gpu.sms,
         )
 
     @property

@@ -103,3 +103,16 @@ def print_published(res: dict[str, Any], console: Any) -> None:
                       f"{s['cases']} cases; worst {s['worst']['name']} "
                       f"{100 * s['worst']['error']:+.1f}%; rejected by the memory model "
                       f"{s['rejected_by_memory']}", highlight=False)
+
+
+def scan(folder: Path, key: str, values: list[float], *, only_set: str = "fit",
+         gpu: str | None = None) -> list[tuple[float, float, float]]:
+    """Median and worst |error| over a set (and GPU type) for each value of one dotted scenario
+    key: how a profile constant is fitted on the fit set, never on the check set."""
+    cases = [c for c in load_cases(folder) if c["set"] == only_set
+             and (gpu is None or c.get("gpu") == gpu)]
+    out = []
+    for v in values:
+        errs = [abs(predict_case(folder, c, {key: v})["error"]) for c in cases]
+        out.append((v, statistics.median(errs), max(errs)))
+    return out

@@ -82,6 +82,7 @@ class StepTimes:
     groups: int
     shard_params: int
     fedavg_local_s: float = 0.0  # flatten/cast/divide/copy-back around the FedAvg all-reduce
+    reduce_factor: float = 1.0  # gradient reduce dtype bytes / parameter dtype bytes
 
 
 def build_program(
@@ -151,14 +152,15 @@ def build_program(
         if sharded:
             rs = add(kind=COLL, stream=STREAM_OF[SHARD], phase=BWD, name=f"reduce_scatter u{unit}",
                      unit=unit, deps=(after.idx,), coll="reduce_scatter", pg=SHARD,
-                     nbytes=t.unit_nbytes[unit])
+                     nbytes=int(t.unit_nbytes[unit] * t.reduce_factor))
             last = rs
         else:
             last = after
         if hybrid:
             ar = add(kind=COLL, stream=STREAM_OF[REPLICATE], phase=BWD,
                      name=f"all_reduce u{unit}", unit=unit, deps=(last.idx,), coll="all_reduce",
-                     pg=REPLICATE, nbytes=-(-t.unit_nbytes[unit] // t.shard))
+                     pg=REPLICATE,
+                     nbytes=int(-(-t.unit_nbytes[unit] // t.shard) * t.reduce_factor))
             last = ar
         reduced.append(last.idx)
 

@@ -29,6 +29,7 @@ import simpy
 from scipy import special
 
 from ..collectives import collective_impl
+from ..collectives.nccl import NcclModel, engine_cost, nccl_model
 from ..hardware import Hardware
 from ..network.flow import FlowNetwork
 from ..network.geometry import RingLoad, ring_load
@@ -107,6 +108,7 @@ class Simulation:
         self.net = FlowNetwork(self.env, [lc.capacity_Bps for lc in self.links])
         self._loads: dict[tuple, RingLoad] = {}
         self._coll_cache: dict[tuple, CollectivePlan] = {}
+        self._nccl: NcclModel | None = None
         self._rv: dict[tuple, _Rendezvous] = {}
         self.bytes_by_kind = dict.fromkeys(LINK_KINDS, 0.0)
         self.states = [ActorState(index=a.index) for a in part.actors]
@@ -248,7 +250,8 @@ class Simulation:
         if plan is not None:
             return plan
         component = self.part.components[kind][comp]
-        impl = collective_impl(self.comm.collective)
+        nccl = self.comm.model == "nccl" and self.comm.reduce_scatter_impl == "reduce_scatter"
+        impl = collective_impl("ring" if nccl else self.comm.collective)
         # gloo has no reduce-scatter: realrun runs a full all-reduce of the input (its own
         # bandwidth factor, keyed by the op asked for, carries the extra copies)
         run_op = "all_reduce" if (op == "reduce_scatter"
@@ -268,6 +271,9 @@ class Simulation:
             e_bytes = ph.e_factor * nbytes / self.comm.bw_factor(fop, intra, ph.pair)
             latency = (us_to_s(self.comm.launch_us)
                        + ph.steps * (load.hop_latency_s + us_to_s(self.comm.step_latency_us)))
+            if nccl:  # NCCL's algorithm/protocol choice: its latency, its bandwidth
+                latency, factor = engine_cost(self._nccl_model(), run_op, nbytes, ph.instances)
+                e_bytes *= factor
             demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
             # host work per byte (copies, reductions, the kernel's network stack), on the cores
             # the ranks share: gloo does it between its transfers, so it adds to the wire time
@@ -280,6 +286,11 @@ class Simulation:
         plan = CollectivePlan(phases, kinds, component.size, solo_s=solo)
         self._coll_cache[key] = plan
         return plan
+
+    def _nccl_model(self) -> NcclModel:
+        if self._nccl is None:
+            self._nccl = nccl_model(self.hw, self.comm)
+        return self._nccl
 
     def debug_check_s(self, size: int) -> float:
         """Host cost of TORCH_DISTRIBUTED_DEBUG=DETAIL before one collective over `size` ranks:

@@ -1,0 +1,201 @@
+"""NCCL's own cost model: algorithm and protocol choice, latency per hop by link class, bandwidth
+per protocol (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel; constants per release in
+`nccl_tuning.yaml`, with their commits).
+
+For a collective of S bytes (nccl-tests' "size": the gathered buffer of an all-gather, the input of
+a reduce-scatter, the buffer of an all-reduce) over n ranks on N nodes (q = n / N per node), every
+enabled (algorithm, protocol) gets a time t = latency + S / algbw and NCCL runs the fastest:
+- ring (all ops): latency = base + (nsteps - nInter) x intraLat + nInter x interLat, nsteps =
+  2(n-1) (all-reduce) or n-1, nInter = 2(N-1) or N-1: each hop is charged by its link class.
+  Bus bandwidth: the ring's slowest link class (NVLink egress, or the node's rails that carry its
+  ring traffic) x that class's efficiency; LL halves it (capped at llMaxBw), LL128 takes 0.92 of
+  it (capped per channel).
+- tree (all-reduce across nodes): latency = base + 2((q-1) intraLat + log2(N) interLat); bus
+  bandwidth 0.92 x the link's (capped per channel), algbw = busbw / 2.
+- PAT (all-gather, reduce-scatter with one GPU per node, NCCL >= 2.23): latency = base +
+  log2(N) interLat / 3.5 + 2.8 n; bandwidth the ring's x pat_bw_factor, no ring conversion.
+- NVLS (NVSwitch with multicast, Hopper and later): latency = NVLS intraLat (+ interLat across
+  nodes); all-reduce bus bandwidth `nvls_allreduce_gain` x the ring's (NCCL: 2 x nvlsEfficiency
+  x (nc-1)/nc of the NVLS graph's bandwidth; NVIDIA's maintainer: ~480 GB/s busbw against ring's
+  ~370 GB/s on 8 H100, nccl-tests issue #212); all-gather / reduce-scatter inside one node only.
+nccl-tests' bus bandwidth is algbw x 2(n-1)/n (all-reduce) or (n-1)/n (all-gather, reduce-scatter).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..hardware import Hardware
+from ..spec.schema import SpecError
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+_TUNING = Path(__file__).with_name("nccl_tuning.yaml")
+
+
+@functools.lru_cache(maxsize=1)
+def tuning_table() -> dict:
+    return yaml.safe_load(_TUNING.read_text(encoding="utf-8"))
+
+
+def version_constants(version: str) -> dict:
+    """The tuning constants of the newest listed release at or below `version` ("2.21.5")."""
+    table = tuning_table()["versions"]
+    try:
+        want = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        raise SpecError(f"runtime.comm.nccl_version: expected a version like 2.23, "
+                        f"got {version!r}") from None
+    listed = sorted((tuple(int(x) for x in k.split(".")), k) for k in table)
+    chosen = [k for v, k in listed if v <= want]
+    if not chosen:
+        raise SpecError(f"runtime.comm.nccl_version: {version} is older than the oldest "
+                        f"modelled release {listed[0][1]}")
+    return table[chosen[-1]]
+
+
+def gpu_arch(gpu_name: str) -> str:
+    name = gpu_name.upper()
+    return "hopper" if any(k in name for k in ("H100", "H200", "GH200", "H800")) else "ampere"
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    algorithm: str
+    protocol: str
+    time_s: float
+    latency_s: float
+    algbw_Bps: float
+
+    def busbw_Bps(self, op: str, n: int) -> float:
+        return self.algbw_Bps * bus_factor(op, n)
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests: busbw = algbw x factor (PERFORMANCE.md)."""
+    if n < 2:
+        return 0.0
+    return 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcclModel:
+    hw: Hardware
+    version: str = "2.23"
+    channels: int = 16
+    nvls_allreduce_gain: float = 1.30
+    algorithms: tuple[str, ...] = ("ring", "tree", "pat", "nvls")
+    protocols: tuple[str, ...] = PROTOCOLS
+
+    def ring_busbw_Bps(self, q: int, nodes: int) -> float:
+        """The ring's bus bandwidth: its slowest link class (efficiencies included)."""
+        hw = self.hw
+        nvl = hw.nvlink_Bps * hw.nvlink_efficiency * hw.nvlink_usable_fraction(q)
+        if nodes <= 1:
+            return nvl
+        # the node's ring bytes E leave over the rails its GPUs use; NVLink carries (q-1)/q E
+        net = hw.rails_used(q) * hw.rail_Bps * hw.nic_efficiency
+        return min(net, nvl * q / (q - 1)) if q > 1 else net
+
+    def candidates(self, op: str, nbytes: float, n: int, nodes: int) -> list[Choice]:
+        if n < 2:
+            return [Choice("none", "none", 0.0, 0.0, float("inf"))]
+        c = version_constants(self.version)
+        arch = tuning_table()["arch"][gpu_arch(self.hw.gpu_name)]
+        q = max(1, n // max(1, nodes))
+        base, hwlat = c["base_lat_us"], c["hw_lat_us"]
+        intra_kind = "nvlink"
+        ring_bw = self.ring_busbw_Bps(q, nodes)
+        ar = op == "all_reduce"
+        nsteps = 2 * (n - 1) if ar else n - 1
+        n_inter = 0 if nodes <= 1 else (2 * (nodes - 1) if ar else nodes - 1)
+        out: list[Choice] = []
+        for pi, proto in enumerate(PROTOCOLS):
+            if proto not in self.protocols:
+                continue
+            # ---- ring ----
+            if "ring" in self.algorithms:
+                intra = hwlat[intra_kind]["ring"][pi]
+                inter = hwlat["net"]["ring"][pi] if q > 1 else hwlat["net"]["tree"][pi]
+                lat = base["ring"][pi] + (nsteps - n_inter) * intra + n_inter * inter
+                bus = ring_bw
+                if proto == "LL":
+                    bus = min(arch["ll_max_bw_GBps"] * 1e9, bus * 0.5)
+                elif proto == "LL128":
+                    bus = min(bus * 0.92, self.channels * arch["ring_ll128_per_ch_GBps"] * 1e9)
+                out.append(self._choice("ring", proto, lat, bus / bus_factor(op, n), nbytes))
+            # ---- tree: all-reduce across nodes ----
+            if "tree" in self.algorithms and ar and nodes > 1:
+                intra = hwlat[intra_kind]["tree"][pi]
+                inter = hwlat["net"]["tree"][pi]
+                lat = base["tree"][pi] + 2 * ((q - 1) * intra + math.log2(nodes) * inter)
+                bus = min(ring_bw * 0.92, self.channels * arch["tree_per_ch_GBps"] * 1e9)
+                if proto == "LL":
+                    bus = min(bus / 3.8, arch["ll_max_bw_GBps"] * 1e9)
+                elif proto == "LL128":
+                    bus = bus * 120.0 / 128.0
+                out.append(self._choice("tree", proto, lat, bus * 0.5, nbytes))
+            if proto != "Simple":
+                continue
+            # ---- PAT: all-gather / reduce-scatter with one GPU per node ----
+            if ("pat" in self.algorithms and c.get("pat") and not ar and q == 1
+                    and nodes > 1):
+                inter = hwlat["net"]["tree"][pi]
+                lat = base["pat"][pi] + math.log2(nodes) * inter / 3.5 + 2.8 * n
+                bus = ring_bw * c["pat_bw_factor"]
+                out.append(self._choice("pat", proto, lat, bus, nbytes))
+            # ---- NVLS: NVSwitch multicast (Hopper and later) ----
+            if ("nvls" in self.algorithms and arch["nvls_efficiency"] > 0
+                    and self.hw.nvlink_topology == "switch" and q > 1
+                    and (ar or nodes == 1) and self.channels >= 2):
+                lat = base["nvls"][pi] + hwlat["nvlink"]["nvls"][pi] + (
+                    hwlat["net"]["nvls"][pi] if nodes > 1 else 0.0)
+                nvl = self.hw.nvlink_Bps * self.hw.nvlink_efficiency
+                # across nodes (NVLS tree) the network still bounds it: at most the ring's
+                bus = (nvl * self.nvls_allreduce_gain if nodes == 1 else ring_bw) if ar else nvl
+                out.append(self._choice("nvls", proto, lat, bus / bus_factor(op, n), nbytes))
+        if not out:
+            raise SpecError("runtime.comm.nccl_algorithms: no algorithm is enabled for "
+                            f"{op} over {n} ranks on {nodes} nodes")
+        return out
+
+    @staticmethod
+    def _choice(algo: str, proto: str, lat_us: float, algbw: float, nbytes: float) -> Choice:
+        lat = lat_us * 1e-6
+        return Choice(algo, proto, lat + nbytes / algbw, lat, algbw)
+
+    def best(self, op: str, nbytes: float, n: int, nodes: int) -> Choice:
+        """NCCL's pick: the fastest enabled (algorithm, protocol); ties in listing order."""
+        return min(self.candidates(op, nbytes, n, nodes), key=lambda ch: ch.time_s)
+
+    def time_s(self, op: str, nbytes: float, n: int, nodes: int) -> float:
+        return self.best(op, nbytes, n, nodes).time_s
+
+
+def nccl_model(hw: Hardware, comm) -> NcclModel:
+    """The model for a scenario's runtime.comm section."""
+    return NcclModel(hw=hw, version=comm.nccl_version, channels=comm.nccl_channels,
+                     nvls_allreduce_gain=comm.nvls_allreduce_gain,
+                     algorithms=tuple(comm.nccl_algorithms))
+
+
+def engine_cost(model: NcclModel, op: str, nbytes: float,
+                instances: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
+    """For the simulator: NCCL's choice for one collective over ring instances (the largest sets
+    n and its node count) as (latency_s, byte_factor). The engine moves the ring's bytes through
+    its flow network (so concurrent collectives share links) times byte_factor = the ring/Simple
+    algorithm bandwidth over the chosen one's (1 for ring/Simple), and adds the choice's latency
+    (NCCL's per-hop latencies by link class) in place of the alpha-beta latency."""
+    g = model.hw.gpus_per_node
+    inst = max(instances, key=len)
+    n = len(inst)
+    nodes = len({r // g for r in inst})
+    ch = model.best(op, nbytes, n, nodes)
+    if n < 2:
+        return 0.0, 1.0
+    ring = model.ring_busbw_Bps(max(1, n // nodes), nodes) / bus_factor(op, n)
+    return ch.latency_s, ring / ch.algbw_Bps
