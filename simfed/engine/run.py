@@ -51,7 +51,8 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     train, model = scn.training, scn.model
     steps = train.steps
     tokens_gpu = train.micro_batch * train.seq_len
-    cm = ComputeModel(hw=hw, rt=scn.runtime.compute, tokens_per_gpu=tokens_gpu)
+    cm = ComputeModel(hw=hw, rt=scn.runtime.compute, tokens_per_gpu=tokens_gpu, model=model,
+                      seq_len=train.seq_len)
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
     rt = scn.runtime.compute
@@ -59,14 +60,18 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     # activation checkpointing re-runs a checkpointed decoder layer's forward in its backward
     # (selective: a share of the layers, spread evenly)
     recompute = tuple(cm.recompute_s(u, f, train) for u, f in zip(units, fwd, strict=True))
+    bwd = tuple(cm.backward_s(u) + us_to_s(rt.unit_overhead_backward_us) + r
+                for u, r in zip(units, recompute, strict=True))
+    if scn.runtime.comm.sm_share > 0 and plan.shard > 1:
+        fwd, bwd = _interfered(scn, hw, plan, units, fwd, bwd, cm)
     times = StepTimes(
         forward_s=fwd,
-        backward_s=tuple(cm.backward_s(u) + us_to_s(rt.unit_overhead_backward_us) + r
-                         for u, r in zip(units, recompute, strict=True)),
+        backward_s=bwd,
         unit_nbytes=tuple(u.nbytes for u in units),
         optimizer_s=(cm.optimizer_s(shard_params, model, train)
                      + us_to_s(rt.optimizer_overhead_us)) / train.grad_accum,
         shard=plan.shard, replicate=plan.replicate, groups=plan.groups,
+        reduce_factor=dtype_nbytes(train.reduce_dtype or model.dtype) / model.dtype_nbytes,
         shard_params=shard_params,
         fedavg_local_s=(shard_params * dtype_nbytes(alg.fedavg_dtype)
                         / (rt.fedavg_local_GBps * 1e9) if rt.fedavg_local_GBps else 0.0),
@@ -94,6 +99,29 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     ops = sum(len(sim._program(s).ops) for s in range(steps)) * len(sim.states)
     result["sim_ops"] = ops
     return AlgorithmRun(result=result, spans=spans, events=ops)
+
+
+def _interfered(scn: Scenario, hw: Hardware, plan, units, fwd, bwd, cm: ComputeModel):
+    """Compute slowed by the FSDP collectives that overlap it (`ComputeModel.interference`):
+    a unit's forward runs beside the next unit's all-gather, its backward beside an all-gather
+    and a reduce-scatter (HSDP: and the replica all-reduce), each timed by NCCL's model alone."""
+    from ..collectives.nccl import nccl_model
+
+    nccl = nccl_model(hw, scn.runtime.comm)
+    g = hw.gpus_per_node
+    shard_nodes = max(1, plan.shard // g) if plan.shard >= g else 1
+    red = dtype_nbytes(scn.training.reduce_dtype or scn.model.dtype) / scn.model.dtype_nbytes
+    share = scn.runtime.comm.sm_share
+    out_f, out_b = [], []
+    for u, f, b in zip(units, fwd, bwd, strict=True):
+        ag = nccl.time_s("all_gather", u.nbytes, plan.shard, shard_nodes)
+        rs = nccl.time_s("reduce_scatter", u.nbytes * red, plan.shard, shard_nodes)
+        ar = (nccl.time_s("all_reduce", u.nbytes * red / plan.shard, plan.replicate,
+                          max(1, plan.replicate * plan.shard // g // max(1, shard_nodes)))
+              if plan.replicate > 1 else 0.0)
+        out_f.append(cm.interference(f, ag, share))
+        out_b.append(cm.interference(b, ag + rs + ar, share))
+    return tuple(out_f), tuple(out_b)
 
 
 def _simulate(**kw: Any) -> Simulation:
