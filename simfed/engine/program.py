@@ -16,7 +16,8 @@ FSDP1 (FULL_SHARD / HYBRID_SHARD) as the paper's code configures it:
   it: backward communication serialises with compute. `pre` issues it before this unit's
   compute; `post` after the compute but before the reduce-scatter.
 - optimizer step after every gradient is reduced; FedAvg (federated algorithms, every K steps):
-  one all-reduce of the local parameter shard over the fed group after the optimizer, blocking.
+  one all-reduce of the local parameter shard over the fed group after the optimizer, blocking;
+  with an outer optimizer (DiLoCo), an elementwise Nesterov step on the shard after it.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class StepTimes:
     groups: int
     shard_params: int
     fedavg_local_s: float = 0.0  # flatten/cast/divide/copy-back around the FedAvg all-reduce
+    outer_s: float = 0.0  # the outer optimizer's elementwise step after the average (DiLoCo)
     reduce_factor: float = 1.0  # gradient reduce dtype bytes / parameter dtype bytes
 
 
@@ -198,6 +200,9 @@ def build_program(
                   deps=(opt.idx,), coll="all_reduce", pg=FED, nbytes=nbytes)
         avg = add(kind=COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
                   duration_s=t.fedavg_local_s)
+        if t.outer_s > 0:  # Nesterov momentum on the averaged delta, elementwise on the shard
+            avg = add(kind=COMPUTE, stream=0, phase=AGG, name="outer optimizer (nesterov)",
+                      deps=(avg.idx,), duration_s=t.outer_s)
         add(kind=SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
     if comm is not None and not comm.overlap_compute:
         for op in ops:  # CPU collectives block the rank: one stream for everything

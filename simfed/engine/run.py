@@ -6,7 +6,8 @@ import math
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from ..compute import ComputeModel
@@ -15,7 +16,7 @@ from ..memory import memory_breakdown
 from ..network.links import LINK_KINDS
 from ..spec.algorithms import algorithm_info
 from ..spec.plan import PG_KINDS
-from ..spec.scenario import AlgorithmSpec, Scenario
+from ..spec.scenario import AlgorithmSpec, JitterSpec, Scenario
 from ..spec.schema import SpecError
 from ..spec.trace import PHASES, Span
 from ..spec.units import dtype_nbytes, us_to_s
@@ -23,6 +24,7 @@ from .actors import partition
 from .program import StepTimes, build_program
 from .sim import Simulation
 from .timeline import actor_spans, busy_and_exposed, busy_share, peak_unsharded_bytes, step_bounds
+from .variants import apply_rounds, outer_step_s, round_model, variant_of
 from .window import STEP_WINDOW, check_result, simulate_windowed
 
 
@@ -75,6 +77,10 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         shard_params=shard_params,
         fedavg_local_s=(shard_params * dtype_nbytes(alg.fedavg_dtype)
                         / (rt.fedavg_local_GBps * 1e9) if rt.fedavg_local_GBps else 0.0),
+        outer_s=(outer_step_s(shard_params, model.dtype_nbytes,
+                              dtype_nbytes(train.optimizer_state_dtype),
+                              hw.hbm_Bps * rt.optimizer_hbm_efficiency)
+                 if alg.outer_optimizer == "nesterov" else 0.0),
     )
     launch_s = us_to_s(scn.runtime.compute.launch_us_per_unit)
     agg_steps = (aggregate_steps(steps, alg.aggregate_every)
@@ -85,12 +91,16 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         for flag in (False, True)
     }
     part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS, lockstep, agg_steps)
-    sim = _simulate(hw=hw, plan=plan, part=part, programs=programs, aggregate_steps=agg_steps,
-                    steps=steps, comm=scn.runtime.comm, host=scn.runtime.host,
-                    compute_slowdown=scn.runtime.compute.out_of_step_slowdown,
-                    compute_cv=scn.runtime.compute.out_of_step_cv,
-                    group_drift=scn.runtime.compute.group_drift_ms_per_sqrt_s * 1e-3)
+    kw = dict(hw=hw, plan=plan, programs=programs, comm=scn.runtime.comm,
+              host=scn.runtime.host, compute_slowdown=scn.runtime.compute.out_of_step_slowdown,
+              compute_cv=scn.runtime.compute.out_of_step_cv,
+              group_drift=scn.runtime.compute.group_drift_ms_per_sqrt_s * 1e-3)
+    sim = _simulate(part=part, aggregate_steps=agg_steps, steps=steps, **kw)
     result = _summarise(scn, alg, plan, hw, sim, times, agg_steps)
+    if agg_steps and variant_of(alg) != "sync":  # time-budgeted rounds, partial participation
+        apply_rounds(result, round_model(
+            alg=alg, plan=plan, strag=scn.stragglers, steps=steps, seed=scn.seed,
+            agg_steps=agg_steps, step_times=partial(_step_times_at, scn, kw)))
     spans: list[Span] = []
     if trace:
         for a in range(len(sim.states)):
@@ -122,6 +132,20 @@ def _interfered(scn: Scenario, hw: Hardware, plan, units, fwd, bwd, cm: ComputeM
         out_f.append(cm.interference(f, ag, share))
         out_b.append(cm.interference(b, ag + rs + ar, share))
     return tuple(out_f), tuple(out_b)
+
+
+def _step_times_at(scn: Scenario, kw: dict[str, Any], factors: Any, agg: set[int]
+                   ) -> list[float]:
+    """Step times of one federation group whose every rank runs at these factors (links as the
+    scenario's: degraded NICs kept)."""
+    strag = replace(scn.stragglers, slow_nodes=(), slow_gpus=(), jitter=JitterSpec())
+    part = partition(kw["plan"], strag, len(factors), scn.seed, PG_KINDS)
+    for actor in part.actors:
+        actor.factors = factors
+    sim = _simulate(part=part, aggregate_steps=agg, steps=len(factors), **kw)
+    bounds = [step_bounds(sim, a) for a in range(len(sim.states))]
+    return [max(b[s][-1] for b in bounds) - max(b[s][0] for b in bounds)
+            for s in range(len(factors))]
 
 
 def _simulate(**kw: Any) -> Simulation:

@@ -542,6 +542,11 @@ class StragglerSpec:
         doc="order_stats: the run's pace from the order statistics of the factor table (the "
         "slowest shard group per step, the slowest federation group per FedAvg round), fast "
         "at any size; per_rank: every distinct rank simulated (the exact reference)")
+    method: str = param(
+        "order_stats", choices=("order_stats", "per_rank"),
+        doc="order_stats: the run's pace from the order statistics of the factor table (the "
+        "slowest shard group per step, the slowest federation group per FedAvg round), fast "
+        "at any size; per_rank: every distinct rank simulated (the exact reference)")
 
     @property
     def any(self) -> bool:
