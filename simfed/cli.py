@@ -102,7 +102,7 @@ def main() -> None:
 
 def parse_sets(items: tuple[str, ...]) -> dict[str, object]:
     """`--set cluster.nodes=64` -> {"cluster.nodes": 64} (values parsed as YAML scalars)."""
-    import yaml
+    from .spec.yamlio import parse_yaml
 
     out: dict[str, object] = {}
     for item in items:
@@ -112,10 +112,7 @@ def parse_sets(items: tuple[str, ...]) -> dict[str, object]:
         if raw.strip().lower() in ("on", "off", "yes", "no", "y", "n"):
             out[key.strip()] = raw.strip()  # YAML 1.1 would read these as booleans
             continue
-        try:
-            out[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            raise SpecError(f"--set {key}: cannot parse value {raw!r}") from None
+        out[key.strip()] = parse_yaml(raw, f"--set {key}")  # with yamlio's limits
     return out
 
 

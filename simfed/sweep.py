@@ -53,9 +53,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from .spec import SpecError
+from .spec.yamlio import parse_yaml, read_yaml
 
 SWEEP_KEY = "sweep"
 STATUSES = ("ok", "does_not_fit", "invalid", "error")
@@ -142,10 +142,7 @@ def parse_values(raw: Any, where: str = "value") -> list[Any]:
         raise SpecError(f"{where}: empty item in {raw!r}")
     values = []
     for s in items:
-        try:
-            values.append(yaml.safe_load(s))
-        except yaml.YAMLError:
-            raise SpecError(f"{where}: cannot parse value {s!r}") from None
+        values.append(parse_yaml(s, where))  # with simfed.spec.yamlio's limits
     return values
 
 
@@ -201,17 +198,14 @@ def parse_sets(items: Iterable[str]) -> dict[str, Any]:
         if "=" not in item:
             raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. training.steps=16")
         key, _, raw = item.partition("=")
-        try:
-            out[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            raise SpecError(f"--set {key}: cannot parse value {raw!r}") from None
+        out[key.strip()] = parse_yaml(raw, f"--set {key}")  # with simfed.spec.yamlio's limits
     return out
 
 
 def is_sweep_file(path: str | Path) -> bool:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        data = read_yaml(path, "sweep")  # bounded: not /dev/zero forever
+    except SpecError:
         return False
     return isinstance(data, dict) and SWEEP_KEY in data
 
@@ -219,14 +213,7 @@ def is_sweep_file(path: str | Path) -> bool:
 def load_sweep_file(path: str | Path) -> SweepSpec:
     """Parse a sweep file (see the module docstring); the scenario path is made absolute."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"sweep file not found: {p}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise SpecError(f"{p}{line}: invalid YAML") from None
+    data = read_yaml(p, "sweep file")
     if not isinstance(data, dict) or SWEEP_KEY not in data:
         raise SpecError(f"{p}: a sweep file has a top-level `sweep:` mapping")
     extra = sorted(set(data) - {SWEEP_KEY})

@@ -81,6 +81,8 @@ PATH_LIMITS: dict[str, Range] = {
                                      "compute far faster than nominal (the mean-one lognormal's "
                                      "median is exp(-sigma^2/2)); uniform: below 1"),
     "validation.repeats": Range(None, 1000, "launches per shape"),
+    "runtime.comm.sm_share": Range(None, 0.99, "a collective's kernels cannot hold the whole "
+                                   "GPU: compute beside them would never finish"),
 }
 
 

@@ -128,6 +128,8 @@ def parse_yaml(text: str, source: str) -> Any:
         raise SpecError(f"{source}:{at} invalid YAML: {problem}") from None
     except RecursionError:  # a guard: MAX_DEPTH keeps the composer well inside the stack
         raise SpecError(f"{source}: nesting too deep") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's limit)
+        raise SpecError(f"{source}: invalid YAML: {str(exc).split(';')[0]}") from None
     finally:
         loader.dispose()
     expanded_size(data, source)

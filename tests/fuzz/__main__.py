@@ -1,0 +1,63 @@
+"""Run the fuzzer on demand and print counts per outcome.
+
+    python -m tests.fuzz                      # 5,000 cases, seed 0, 2 workers
+    python -m tests.fuzz --cases 20000 --seed 7 --jobs 4 --json fuzz.json
+
+Exit status 1 when any case ends badly (a crash, a hang over 10 s, a silently accepted invalid
+input, invalid JSON, a stray file: runner.BAD); each bad case is listed with its mutation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .cases import generate
+from .runner import BAD, TIME_LIMIT_S, run_cases, summarise
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=5000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--json", help="write every case's result here")
+    ap.add_argument("--show", type=int, default=30, help="bad cases to list")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    cases = generate(args.cases, args.seed)
+    seen = [0]
+
+    def progress(r) -> None:
+        seen[0] += 1
+        if seen[0] % 250 == 0:
+            print(f"  {seen[0]:,}/{len(cases):,} cases, {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+
+    results = run_cases(cases, jobs=args.jobs, progress=progress)
+    s = summarise(results)
+    wall = time.perf_counter() - t0
+    print(f"simfed fuzz: {s['cases']:,} cases (seed {args.seed}) in {wall:.0f} s; "
+          f"time limit {TIME_LIMIT_S} s per case; slowest {s['slowest_s']} s ({s['slowest']})")
+    print(f"expected: {s['expect']}")
+    print("outcomes:")
+    for k, v in s["outcomes"].items():
+        print(f"  {k:18} {v:6,}{'   <- BAD' if k in BAD else ''}")
+    print("by family:")
+    for kind, counts in s["by_kind"].items():
+        print(f"  {kind:9} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    bad = [r for r in results if r.outcome in BAD]
+    for r in bad[:args.show]:
+        print(f"BAD {r.outcome}: case {r.id} [{r.kind}] {r.what}: {r.detail}")
+    print(f"bad outcomes: {len(bad)}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"summary": s, "results": [r.__dict__ for r in results]}, f, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Running fuzz cases against the `simfed` command line and classifying what happened.
+
+Each case runs in a worker process (a pool of them; a worker that dies is replaced), through
+click's test runner with the real command group, inside its own temporary folder, under a
+per-case alarm (a hang raises `Hang`, a BaseException that the CLI's error handling cannot
+swallow) and an address-space limit (a memory blow-up becomes a MemoryError, not a dead host).
+
+Outcomes:
+  ok               exit 0, strict JSON written, nothing outside the named outputs
+  refused          exit 2 and one error line
+  accepted_invalid exit 0 on a case the contract says is invalid (silent acceptance)
+  refused_valid    exit 2 on a case the contract says is valid (over-strict)
+  multiline_error  exit 2 but not exactly one error line
+  traceback        a Python traceback reached the output, or an exception escaped the CLI
+  internal_error   exit 3: simfed's own "internal error (... traceback in LOG)" line
+  hang             over the time limit
+  crash            the worker process died (killed for memory, a segfault)
+  invalid_json     exit 0 but a JSON file written is not strict JSON (NaN, Infinity, bad)
+  stray_file       a file written outside the case folder's named outputs
+  other_exit       any other exit status
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cases import EITHER, INVALID, OUTSIDE, VALID, Case
+
+BAD = ("accepted_invalid", "multiline_error", "traceback", "internal_error", "hang", "crash",
+       "invalid_json", "stray_file", "other_exit")
+TIME_LIMIT_S = 10
+MEMORY_LIMIT_BYTES = 3 * 2**30
+
+
+class Hang(BaseException):
+    """Raised by the alarm: not an Exception, so no `except Exception` can hide it."""
+
+
+@dataclass
+class Result:
+    id: int
+    kind: str
+    what: str
+    expect: str
+    outcome: str
+    exit_code: int | None
+    seconds: float
+    detail: str
+
+
+def _on_alarm(signum, frame):
+    raise Hang()
+
+
+def _init_worker() -> None:
+    import resource
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(
+            hard, MEMORY_LIMIT_BYTES)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ValueError, OSError):
+        pass
+    signal.signal(signal.SIGALRM, _on_alarm)
+
+
+def _strict_json(path: Path) -> str | None:
+    """None when `path` is strict JSON, else why not."""
+    def bad_constant(name: str):
+        raise ValueError(f"non-JSON constant {name}")
+
+    try:
+        json.loads(path.read_text(encoding="utf-8"), parse_constant=bad_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"{path.name}: {exc}"[:200]
+    return None
+
+
+def _classify(case: Case, code: int | None, output: str, escaped: BaseException | None,
+              folder: Path, before: set[Path]) -> tuple[str, str]:
+    if escaped is not None and not isinstance(escaped, SystemExit):
+        return "traceback", f"{type(escaped).__name__}: {escaped}"[:300]
+    if "Traceback (most recent call last)" in output:
+        return "traceback", output[-300:]
+    if code == 3:
+        return "internal_error", output.strip().splitlines()[-1][:300] if output.strip() else ""
+    after = {p for p in folder.rglob("*") if p.is_file()}
+    named = [folder / o for o in case.outputs]
+    for p in sorted(after - before):
+        if not any(p == n or n in p.parents for n in named) and p.name != "simfed-fuzz.log":
+            return "stray_file", str(p.relative_to(folder))
+    if code == 0:
+        for p in sorted(after - before):
+            if p.suffix == ".json" or p.name.endswith(".jsonl"):
+                lines = ([p] if p.suffix == ".json" else [])
+                for q in lines:
+                    why = _strict_json(q)
+                    if why:
+                        return "invalid_json", why
+                if p.name.endswith(".jsonl"):
+                    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
+                        try:
+                            json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(
+                                ValueError(c)))
+                        except ValueError as exc:
+                            return "invalid_json", f"{p.name} line {i + 1}: {exc}"[:200]
+        if case.expect == INVALID:
+            return "accepted_invalid", output.strip()[-200:]
+        return "ok", ""
+    if code == 2:
+        errors = [ln for ln in output.splitlines() if ln.startswith(("error:", "Error:"))]
+        if len(errors) != 1:
+            return "multiline_error", output[-300:]
+        if case.expect == VALID:
+            return "refused_valid", errors[0][:300]
+        return "refused", errors[0][:300]
+    return "other_exit", f"exit {code}: {output[-200:]}"
+
+
+def run_case(case: Case, time_limit_s: float = TIME_LIMIT_S) -> Result:
+    """Run one case in this process (a worker: `_init_worker` has set the alarm handler)."""
+    from click.testing import CliRunner
+
+    from simfed.cli import main
+
+    with tempfile.TemporaryDirectory(prefix="simfed-fuzz-") as tmp:
+        folder = Path(tmp)
+        for rel, content in case.files.items():
+            p = folder / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(content)
+        before = {p for p in folder.rglob("*") if p.is_file()}
+        argv = [a.replace("{dir}", tmp) for a in case.argv]
+        env = {"TMPDIR": tmp}  # where an internal error's log goes
+        code: int | None = None
+        output = ""
+        escaped: BaseException | None = None
+        t0 = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, time_limit_s)
+        try:
+            old = tempfile.tempdir
+            tempfile.tempdir = tmp
+            try:
+                res = CliRunner().invoke(main, argv, env=env, catch_exceptions=True)
+            finally:
+                tempfile.tempdir = old
+            code, output = res.exit_code, res.output
+            escaped = res.exception if not isinstance(res.exception, SystemExit) else None
+            if isinstance(escaped, Hang):
+                raise escaped
+        except Hang:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            return Result(case.id, case.kind, case.what, case.expect, "hang", None,
+                          time.perf_counter() - t0, f"over {time_limit_s} s")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        seconds = time.perf_counter() - t0
+        outcome, detail = _classify(case, code, output, escaped, folder, before)
+        for p in Path("/tmp").glob(f"{OUTSIDE}*"):  # a label that is an absolute path
+            p.unlink()
+            if outcome in ("ok", "refused", "refused_valid"):
+                outcome, detail = "stray_file", str(p)
+        return Result(case.id, case.kind, case.what, case.expect, outcome, code, seconds,
+                      detail)
+
+
+def _run_batch(cases: list[Case]) -> list[Result]:
+    return [run_case(c) for c in cases]
+
+
+def run_cases(cases: list[Case], jobs: int = 1, progress=None, chunk: int = 8
+              ) -> list[Result]:
+    """Run every case on `jobs` worker processes, `chunk` cases per task. A worker that dies
+    breaks the pool: the unfinished cases then run one per fresh worker, so the one that kills
+    its worker is found (a `crash`)."""
+    results: dict[int, Result] = {}
+
+    def done(r: Result) -> None:
+        results[r.id] = r
+        if progress:
+            progress(r)
+
+    batches = [cases[i:i + chunk] for i in range(0, len(cases), chunk)]
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker) as pool:
+            for fut in [pool.submit(_run_batch, b) for b in batches]:
+                try:
+                    for r in fut.result():
+                        done(r)
+                except BrokenProcessPool:
+                    pass
+    except BrokenProcessPool:
+        pass
+    for c in cases:
+        if c.id in results:
+            continue
+        try:
+            with ProcessPoolExecutor(max_workers=1, initializer=_init_worker) as pool:
+                done(pool.submit(run_case, c).result())
+        except BrokenProcessPool:
+            done(Result(c.id, c.kind, c.what, c.expect, "crash", None, 0.0,
+                        "worker process died"))
+    return [results[c.id] for c in cases]
+
+
+def summarise(results: list[Result]) -> dict[str, object]:
+    from collections import Counter
+
+    by_outcome = Counter(r.outcome for r in results)
+    by_kind: dict[str, Counter] = {}
+    for r in results:
+        by_kind.setdefault(r.kind, Counter())[r.outcome] += 1
+    slowest = max(results, key=lambda r: r.seconds) if results else None
+    return {
+        "cases": len(results),
+        "outcomes": dict(sorted(by_outcome.items())),
+        "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(by_kind.items())},
+        "bad": sum(by_outcome[b] for b in BAD),
+        "expect": dict(Counter(r.expect for r in results)),
+        "slowest_s": round(slowest.seconds, 2) if slowest else 0.0,
+        "slowest": slowest.what if slowest else "",
+    }
+
+
+__all__ = ["BAD", "EITHER", "INVALID", "VALID", "Result", "run_case", "run_cases", "summarise"]

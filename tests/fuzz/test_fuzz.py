@@ -1,0 +1,113 @@
+"""The fuzzer in CI: a few hundred seeded cases through `simfed`'s command line, none of which may
+crash, hang, be silently accepted when invalid, or write invalid JSON or stray files. Thousands
+more on demand: `python -m tests.fuzz --cases 5000` (see tests/fuzz/__main__.py)."""
+
+import json
+import math
+import signal
+import time
+
+import pytest
+
+from simfed.spec.scenario import Scenario
+
+from .cases import INVALID, VALID, Case, Generator, generate, schema_keys
+from .runner import BAD, _init_worker, run_case, run_cases, summarise
+
+CI_CASES = 240
+CI_SEED = 20
+
+
+def test_ci_cases_end_cleanly():
+    results = run_cases(generate(CI_CASES, CI_SEED), jobs=2)
+    s = summarise(results)
+    bad = [f"{r.outcome}: [{r.kind}] {r.what}: {r.detail}" for r in results if r.outcome in BAD]
+    assert not bad, "\n".join(bad)
+    # the cases are not vacuous: most are invalid and were refused, some ran
+    assert s["outcomes"].get("refused", 0) > CI_CASES / 2
+    assert s["outcomes"].get("ok", 0) > 10
+    assert set(s["by_kind"]) == {"key", "yaml", "encoding", "include", "cli", "label"}
+
+
+def test_every_schema_key_is_mutated():
+    """The key family reaches every key of the scenario schema (walked from the dataclasses)."""
+    gen = Generator(0)
+    keys = {k.dotted for ks in gen.keys.values() for k in ks}
+    import re
+
+    plain = {re.sub(r"\[\d+\]", "", k) for k in keys}
+    for must in ("cluster.nodes", "cluster.node.gpu.peak_tflops", "training.betas",
+                 "stragglers.jitter.sigma", "validation.bench_sets", "algorithms.label",
+                 "runtime.comm.op_bw_factor", "stragglers.slow_nodes.factor"):
+        assert must in plain, must
+    assert len(schema_keys(Scenario)) > 100
+
+
+@pytest.fixture
+def worker():
+    old = signal.getsignal(signal.SIGALRM)
+    _init_worker_signals_only()
+    yield
+    signal.signal(signal.SIGALRM, old)
+
+
+def _init_worker_signals_only():
+    from . import runner
+
+    signal.signal(signal.SIGALRM, runner._on_alarm)
+
+
+def _case(expect, argv=None, files=None, outputs=("out/result.json",)):
+    g = Generator(0)
+    data = g.bases["cpu4"]
+    import yaml
+
+    files = files or {"s.yaml": yaml.safe_dump(data).encode()}
+    return Case(1, "test", "test", expect, files,
+                argv or ["run", "{dir}/s.yaml", "-q", "--json", "{dir}/out/result.json"],
+                outputs)
+
+
+def test_the_runner_sees_silent_acceptance_and_clean_refusal(worker):
+    assert run_case(_case(INVALID)).outcome == "accepted_invalid"  # a valid scenario, said bad
+    assert run_case(_case(VALID)).outcome == "ok"
+    refused = run_case(_case(VALID, argv=["run", "{dir}/none.yaml", "-q"], outputs=()))
+    assert refused.outcome == "refused_valid" and refused.exit_code == 2
+
+
+def test_the_runner_sees_hangs_invalid_json_and_stray_files(worker, monkeypatch):
+    import simfed.engine
+
+    real = simfed.engine.simulate
+    monkeypatch.setattr(simfed.engine, "simulate", lambda *a, **k: time.sleep(30))
+    assert run_case(_case(VALID), time_limit_s=1).outcome == "hang"
+
+    def nan_result(*a, **k):
+        out, spans = real(*a, **k)
+        out["algorithms"][0]["mfu"] = math.nan
+        return out, spans
+
+    import simfed.analysis.report as report
+
+    monkeypatch.setattr(simfed.engine, "simulate", nan_result)
+    monkeypatch.setattr(report, "dumps", lambda out: json.dumps(out))  # not strict
+    assert run_case(_case(VALID)).outcome == "invalid_json"
+    monkeypatch.setattr(simfed.engine, "simulate", real)
+    stray = run_case(_case(VALID, outputs=()))  # its --json is not a named output
+    assert stray.outcome == "stray_file"
+
+
+def test_worker_limits_are_set():
+    """The pool's initializer caps memory (a blow-up becomes MemoryError, then an internal
+    error, not a dead machine); checked in a child so this process keeps its limits."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, initializer=_init_worker) as pool:
+        soft = pool.submit(_as_limit).result()
+    assert 0 < soft <= 4 * 2**30
+
+
+def _as_limit() -> int:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_AS)[0]
