@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import math
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ import torch.distributed as dist
 from simfed.spec import (
     FED,
     PHASES,
+    REPLICATE,
+    SHARD,
     AlgorithmSpec,
     SpecError,
     algorithm_info,
@@ -144,9 +148,16 @@ class Trainer:
         self.sharding = shard_model(self.model, self.mesh.model_mesh(), self.algo)
         self.opt, self.sched = build_optimizer(self.model, self.training, device)
         self.fedavg = None
+        a = self.algo
+        # FL variants (simfed.engine.variants; realrun.fedavg's module note): a timed round
+        # (budget or deadline) or an outer optimizer
+        self.timed = ("budget" if a.round_budget_s > 0 else
+                      "deadline" if a.round_deadline_s > 0 else "")
         if self.info.federated and self.plan.groups > 1:
             self.fedavg = FedAvg(self.model, self.mesh.group(FED), self.plan.groups,
-                                 self.algo.fedavg_dtype)
+                                 a.fedavg_dtype, outer_optimizer=a.outer_optimizer,
+                                 outer_lr=a.outer_lr, outer_momentum=a.outer_momentum,
+                                 variant=bool(self.timed))
 
         self.meta = self._meta()
         self.tracer = Tracer(self.out / f"trace_rank{self.rank}.jsonl", self.meta, rank=self.rank,
@@ -208,26 +219,44 @@ class Trainer:
         rounds: list[int] = []
         k = self.algo.aggregate_every
         prof = None
+        # a timed round (budget / deadline): the group stops taking local steps when the next
+        # one would not fit in the budget, or once past the deadline; a stopped group's slots
+        # up to the round's FedAvg do no work and repeat its last loss (fl_rounds says which)
+        round_start, taken, stopped, last_step_s = time.perf_counter(), 0, False, 0.0
+        self.fl_rounds: list[dict[str, Any]] = []
         for step in range(t.steps):
             if self.window and step == self.window[0]:
                 prof = self._start_profiler()
+            aggregate = self.fedavg and ((step + 1) % k == 0 or step == t.steps - 1)
             with tracer.step_span(step):
-                with tracer.phase_span("other"):
-                    self._maybe_die(step)
-                    idx = self.sampler.train_indices(step, self.rank)
-                    inputs, targets, _ = make_batch(self.corpus, TRAIN_STREAM, idx,
-                                                    self.placement.device)
-                with tracer.phase_span("forward"):
-                    loss = next_token_loss(self.model(inputs), targets)  # (B, T, V) -> scalar
-                with tracer.phase_span("backward"):
-                    loss.backward()
-                with tracer.phase_span("optimizer"):
-                    self.opt.step()
-                    self.sched.step()
-                    self.opt.zero_grad(set_to_none=True)
-                if self.fedavg and ((step + 1) % k == 0 or step == t.steps - 1):
-                    self._aggregate(step, len(rounds))
+                if not stopped:
+                    began = time.perf_counter()
+                    with tracer.phase_span("other"):
+                        self._maybe_die(step)
+                        idx = self.sampler.train_indices(step, self.rank)
+                        inputs, targets, _ = make_batch(self.corpus, TRAIN_STREAM, idx,
+                                                        self.placement.device)
+                    with tracer.phase_span("forward"):
+                        loss = next_token_loss(self.model(inputs), targets)  # (B, T, V) -> ()
+                    with tracer.phase_span("backward"):
+                        loss.backward()
+                    with tracer.phase_span("optimizer"):
+                        self.opt.step()
+                        self.sched.step()
+                        self.opt.zero_grad(set_to_none=True)
+                    taken += 1
+                    last_step_s = time.perf_counter() - began
+                    if self.timed and not aggregate:
+                        stopped = self._round_over(time.perf_counter() - round_start,
+                                                   last_step_s)
+                if aggregate:
+                    made_it = True
+                    if self.timed == "deadline":  # done with the round's steps by the deadline
+                        made_it = not stopped and not self._round_over(
+                            time.perf_counter() - round_start, 0.0)
+                    self._aggregate(step, len(rounds), taken if self.timed else None, made_it)
                     rounds.append(step)
+                    round_start, taken, stopped = time.perf_counter(), 0, False
                 with tracer.phase_span("other"):
                     losses.append(loss.item())
             if prof is not None and self.window and step == self.window[1] - 1:
@@ -251,6 +280,7 @@ class Trainer:
             "eval_untrained": eval_untrained,
             "sha256": sha,
             "fedavg_steps": rounds,
+            "fl_rounds": self.fl_rounds,
         }
         records: list[Any] = [None] * self.plan.world if self.rank == 0 else []
         dist.gather_object(record, records if self.rank == 0 else None, dst=0)
@@ -258,6 +288,8 @@ class Trainer:
         dist.barrier()  # every trace is closed before rank 0 merges them
         if self.rank == 0:
             summary = write_outputs(self.out, records, self._summary_context())
+            if self.fedavg and (self.timed or self.algo.outer_optimizer != "average"):
+                summary = self._add_variant(summary, records)
             self.say(f"train ppl {summary['train_perplexity'][0]:.2f} -> "
                      f"{summary['train_perplexity'][-1]:.2f}, eval ppl "
                      f"{summary['untrained_eval_perplexity']:.2f} -> "
@@ -275,16 +307,56 @@ class Trainer:
         if self.rank == self.args.kill_rank and step == self.args.kill_at_step:
             os.kill(os.getpid(), signal.Signals[f"SIG{self.args.kill_signal}"])
 
-    def _aggregate(self, step: int, round_index: int) -> None:
+    def _round_over(self, elapsed_s: float, next_step_s: float) -> bool:
+        """Whether this federation group's timed round is over (the next step would not fit in
+        the budget; past the deadline), the same answer on every rank of the group: the
+        largest of its ranks' clocks (a MAX all-reduce over the group's shard, then replica,
+        groups; untraced control messages, not training traffic)."""
+        a = self.algo
+        limit = a.round_budget_s if self.timed == "budget" else a.round_deadline_s
+        seen = torch.tensor([elapsed_s + next_step_s], dtype=torch.float64)
+        self.tap.enabled = False
+        for kind, size in ((SHARD, self.plan.shard), (REPLICATE, self.plan.replicate)):
+            if size > 1:
+                dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.mesh.group(kind))
+        self.tap.enabled = True
+        return float(seen) > limit
+
+    def _add_variant(self, summary: dict[str, Any], records: list[Any]) -> dict[str, Any]:
+        """summary.json's fl_variant: the variant and, per round and group, the local steps
+        taken and whether the group was in the average."""
+        a = self.algo
+        first = {}
+        for r in sorted(records, key=lambda x: x["rank"]):
+            first.setdefault(r["coords"][0], r)
+        summary["fl_variant"] = {
+            "timed": self.timed or None,
+            "round_budget_s": a.round_budget_s or None,
+            "round_deadline_s": a.round_deadline_s or None,
+            "outer_optimizer": a.outer_optimizer,
+            "outer_lr": a.outer_lr if a.outer_optimizer != "average" else None,
+            "outer_momentum": a.outer_momentum if a.outer_optimizer != "average" else None,
+            "rounds_per_group": [first[g]["fl_rounds"] for g in sorted(first)],
+        }
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, self.out / "summary.json")
+        return summary
+
+    def _aggregate(self, step: int, round_index: int, steps_taken: int | None = None,
+                   participate: bool = True) -> None:
         """One FedAvg round; with --dump-fedavg, the shards before and after (the copying and
-        saving count as "other")."""
+        saving count as "other"). A timed round passes the local steps the group took and
+        whether it made the deadline."""
         assert self.fedavg is not None
         dump = self.args.dump_fedavg
         if dump:
             with self.tracer.phase_span("other", dump="fedavg"):
                 pre = [t.detach().clone() for t in local_shards(self.model)]
         with self.tracer.phase_span("aggregation", round=round_index):
-            self.fedavg()
+            seen = self.fedavg(steps_taken, participate)
+        self.fl_rounds.append({"step": step, "steps_taken": steps_taken,
+                               "participated": participate, **seen})
         if dump:
             with self.tracer.phase_span("other", dump="fedavg"):
                 post = [t.detach().clone() for t in local_shards(self.model)]
