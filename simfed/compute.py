@@ -50,6 +50,8 @@ class ComputeModel:
     tokens_per_gpu: int  # micro_batch x seq_len per step
     model: ModelSpec | None = None
     seq_len: int = 0
+    attention: str = "flash"  # flash | eager
+    cross_entropy: str = "pytorch"  # pytorch | fused
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -125,7 +127,7 @@ class ComputeModel:
     def memory_bound(self, name: str, nbytes: float) -> Kernel:
         return Kernel(name, 0.0, nbytes, nbytes / (self.hw.hbm_Bps * self.rt.hbm_efficiency))
 
-    def attention(self, name: str, flops: float, backward: bool) -> Kernel:
+    def attention_kernel(self, name: str, flops: float, backward: bool) -> Kernel:
         eff = (self.rt.attention_efficiency_backward if backward
                else self.rt.attention_efficiency_forward)
         return Kernel(name, flops, 0.0, flops / (self.hw.peak_flops * eff))
@@ -156,9 +158,20 @@ class ComputeModel:
         mlp = ([("mlp gate+up", t, 2 * f, d), ("mlp down", t, d, f)] if mdl.mlp == "swiglu"
                else [("mlp up", t, f, d), ("mlp down", t, d, f)])
         ks = self._gemms([("qkv", t, d + 2 * kv, d), ("attn out", t, d, d), *mlp], direction)
-        attn_fwd = mdl.attention_core_flops_per_token(self.seq_len, self.rt.causal_skip) * t
         bwd = direction == "backward"
-        ks.append(self.attention("attention", attn_fwd * (2.5 if bwd else 1.0), bwd))
+        if self.attention == "flash":
+            attn_fwd = mdl.attention_core_flops_per_token(self.seq_len, self.rt.causal_skip) * t
+            ks.append(self.attention_kernel("attention", attn_fwd * (2.5 if bwd else 1.0), bwd))
+        else:  # eager: two batched GEMMs over the whole score matrix, softmax through HBM
+            s_, hd, h = self.seq_len, mdl.head_dim, mdl.heads
+            seqs = max(1, t // max(1, s_))
+            for name in ("scores q.k", "attention x v"):
+                g = self.gemm(name, s_, s_ if name.startswith("scores") else hd,
+                              hd if name.startswith("scores") else s_)
+                mult = (2 if bwd else 1) * seqs * h
+                ks.append(Kernel(name, g.flops * mult, g.nbytes * mult, g.time_s * mult))
+            # scale+mask+softmax: write scores, read them, write probabilities (x2 backward)
+            ks.append(self.memory_bound("softmax", 3.0 * 2 * h * s_ * t * (2 if bwd else 1)))
         act_elems = 3 * f if mdl.mlp == "swiglu" else 2 * f  # read gate, up; write product
         fwd_bytes = {"rmsnorm x2": 2 * 2 * t * d * p, "rope q,k": 2 * t * (d + kv) * p,
                      # q, k, v split from the fused projection into the attention kernel's
@@ -182,8 +195,12 @@ class ComputeModel:
         ks.append(self.memory_bound("final rmsnorm", 2 * t * d * p * (2.0 if bwd else 1.0)))
         # cross-entropy in fp32 over the logits: forward reads the bf16 logits and writes an
         # fp32 copy, log-softmax reads it and writes fp32 (p + 4 + 4 + 4 bytes per logit);
-        # backward writes the fp32 softmax gradient, reads it and writes the bf16 gradient
-        ce = t * v * (p + 12) if not bwd else t * v * (4 + 4 + 4 + p)
+        # backward writes the fp32 softmax gradient, reads it and writes the bf16 gradient.
+        # A fused kernel reads the logits once and writes the gradient in place.
+        if self.cross_entropy == "fused":
+            ce = t * v * p if not bwd else t * v * 2 * p
+        else:
+            ce = t * v * (p + 12) if not bwd else t * v * (4 + 4 + 4 + p)
         ks.append(self.memory_bound("cross-entropy", float(ce)))
         if bwd:
             ks.append(self.memory_bound("fsdp grad copy", 2.0 * unit.nbytes))

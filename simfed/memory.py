@@ -3,8 +3,11 @@
 Static: the local shard of parameters and gradients (model dtype) and AdamW's two moments.
 Dynamic: unsharded units alive at once (measured on the simulated timeline: FSDP's all-gathers
 run ahead of compute when the host runs ahead), one unsharded gradient buffer, and the
-activations of every layer (no activation checkpointing) plus the logits, all alive at the end of
-the forward pass. Plus a fixed runtime overhead (CUDA context, NCCL buffers, allocator slack).
+activations at the end of the forward pass: every layer's saved tensors (by attention kernel),
+a checkpointed layer's input only, and the logits at the loss (by cross-entropy kernel); with
+checkpointing, the backward re-creates one layer's tensors at a time on top of that. The caching
+allocator's fragmentation scales the dynamic part. Plus a fixed runtime overhead (CUDA context,
+NCCL buffers).
 """
 
 from __future__ import annotations
@@ -24,18 +27,34 @@ class MemoryBreakdown:
     unsharded_bytes: float
     activations_bytes: float
     overhead_bytes: float
+    fragmentation_bytes: float = 0.0
 
     @property
     def peak_bytes(self) -> float:
         return (self.params_bytes + self.grads_bytes + self.optimizer_bytes
-                + self.unsharded_bytes + self.activations_bytes + self.overhead_bytes)
+                + self.unsharded_bytes + self.activations_bytes + self.overhead_bytes
+                + self.fragmentation_bytes)
 
     def as_dict(self) -> dict[str, float]:
         return {
             "params": self.params_bytes, "grads": self.grads_bytes,
             "optimizer": self.optimizer_bytes, "unsharded": self.unsharded_bytes,
             "activations": self.activations_bytes, "overhead": self.overhead_bytes,
+            "fragmentation": self.fragmentation_bytes,
         }
+
+
+def activation_bytes(model: ModelSpec, train: TrainingSpec) -> float:
+    """Activations alive at the peak (end of forward; with checkpointing, plus the one layer
+    whose forward the backward is re-running)."""
+    p = model.dtype_nbytes
+    tokens = train.micro_batch * train.seq_len
+    act_layer = model.layer_activation_bytes_per_token(train.seq_len, train.attention)
+    ckpt = round(model.layers * train.checkpointed_layers_fraction)  # keep only their inputs
+    recompute = act_layer if ckpt else 0
+    per_token = ((model.layers - ckpt) * act_layer + ckpt * model.hidden * p + recompute
+                 + model.logits_bytes_per_token(train.cross_entropy))
+    return float(tokens * per_token)
 
 
 def memory_breakdown(
@@ -45,17 +64,15 @@ def memory_breakdown(
     p = model.dtype_nbytes
     shard_params = -(-model.total_params // shard)
     states = 2 if train.optimizer == "adamw" else 0
-    tokens = train.micro_batch * train.seq_len
-    act_layer = model.layer_activation_bytes_per_token()
-    ckpt = round(model.layers * train.checkpointed_layers_fraction)  # keep only their inputs
-    activations = tokens * ((model.layers - ckpt) * act_layer + ckpt * model.hidden * p
-                            + model.logits_bytes_per_token())
+    activations = activation_bytes(model, train)
     largest_unit = max(u.nbytes for u in model.units(train.seq_len))
+    unsharded = (peak_unsharded_units_bytes + largest_unit) if shard > 1 else 0.0
     return MemoryBreakdown(
         params_bytes=shard_params * p,
         grads_bytes=shard_params * p,
         optimizer_bytes=shard_params * states * dtype_nbytes(train.optimizer_state_dtype),
-        unsharded_bytes=(peak_unsharded_units_bytes + largest_unit) if shard > 1 else 0.0,
-        activations_bytes=float(activations),
+        unsharded_bytes=unsharded,
+        activations_bytes=activations,
         overhead_bytes=GiB_to_bytes(mem.overhead_GiB),
+        fragmentation_bytes=mem.fragmentation * (activations + unsharded),
     )

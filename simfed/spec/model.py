@@ -141,19 +141,28 @@ class ModelSpec:
         )
 
     # ---- activations --------------------------------------------------------------------
-    def layer_activation_bytes_per_token(self) -> int:
+    def layer_activation_bytes_per_token(self, seq_len: int = 0, attention: str = "flash"
+                                         ) -> int:
         """Tensors one decoder layer saves for backward, per token, without activation
-        checkpointing, with a fused SDPA kernel (no score matrix is stored):
-        norm input and output (2d), q (d), k and v (2 kv_dim), attention output (d), residual
-        and second norm input/output (2d), gate, up, silu(gate) and their product (4f).
-        Cf. Korthikanti et al. 2022, sec. 4, adapted to GQA and SwiGLU."""
-        elems = 7 * self.hidden + 2 * self.kv_dim + (4 if self.mlp == "swiglu" else 2) \
+        checkpointing: the first norm's input and output (2d), q (d), k and v (2 kv_dim), the
+        attention output (d, also the output projection's input), the second norm's input and
+        output (2d), and the MLP's: SwiGLU gate, up, silu(gate) and their product (4f); GELU
+        the up projection's output and the GELU's (2f). A fused (flash) attention kernel keeps
+        no score matrix; an eager one keeps the softmax output (heads x seq per token).
+        Cf. Korthikanti et al. 2022, sec. 4 (34 sbh with dropout masks and eager attention;
+        32 sbh here for a GELU MLP, flash attention, no dropout), adapted to GQA and SwiGLU."""
+        elems = 6 * self.hidden + 2 * self.kv_dim + (4 if self.mlp == "swiglu" else 2) \
             * self.ffn_hidden
+        if attention == "eager":
+            elems += self.heads * seq_len
         return elems * self.dtype_nbytes
 
-    def logits_bytes_per_token(self) -> int:
-        """Output logits in the model dtype plus an fp32 copy and its softmax for the loss."""
-        return self.vocab * (self.dtype_nbytes + 4 + 4)
+    def logits_bytes_per_token(self, cross_entropy: str = "pytorch") -> int:
+        """Logits alive at the loss: the model-dtype logits, plus (PyTorch's cross-entropy) an
+        fp32 copy and its fp32 log-softmax; a fused cross-entropy writes the gradient in place
+        of the logits."""
+        extra = 4 + 4 if cross_entropy == "pytorch" else 0
+        return self.vocab * (self.dtype_nbytes + extra)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -223,6 +223,15 @@ class TrainingSpec:
         "", choices=("", "bf16", "fp16", "fp32"),
         doc="gradient reduce-scatter / all-reduce dtype (empty: the model dtype); fp32 "
         "doubles the reduce bytes")
+    attention: str = param(
+        "flash", choices=("flash", "eager"),
+        doc="attention kernel: flash (fused, e.g. SDPA's flash backend: no score matrix kept) "
+        "or eager (keeps the softmax output, heads x seq values per token per layer)")
+    cross_entropy: str = param(
+        "pytorch", choices=("pytorch", "fused"),
+        doc="pytorch: an fp32 copy and fp32 log-softmax of the logits (10 bytes per logit at "
+        "the loss); fused (flash-attn's xentropy, llm-foundry's MPT default): bf16 logits, "
+        "gradient in place (2 bytes)")
 
     def __post_init__(self) -> None:
         ac = self.activation_checkpointing
@@ -413,6 +422,9 @@ class HostRuntime:
 @dataclass(frozen=True, kw_only=True)
 class MemoryRuntime:
     overhead_GiB: float = param(2.0, ge=0, doc="CUDA context, NCCL buffers, allocator slack")
+    fragmentation: float = param(
+        0.0, ge=0, le=1, doc="caching-allocator fragmentation: reserved / allocated - 1 of the "
+        "activations and unsharded buffers")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,124 @@
+"""The per-operator compute model against closed forms: GEMM tile/wave quantisation, memory-bound
+kernels at HBM bandwidth, attention FLOPs, recompute by checkpointing policy, the fallback."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from simfed.compute import ComputeModel
+from simfed.hardware import Hardware
+from simfed.spec.model import ModelSpec
+from simfed.spec.scenario import ComputeRuntime, TrainingSpec, scenario_from_dict
+
+
+def _hw(sms: int = 108) -> Hardware:
+    scn = scenario_from_dict({
+        "cluster": {"nodes": 1, "node": {
+            "gpus": 8, "gpu": {"peak_tflops": 312, "memory_GiB": 80, "hbm_bw_GBps": 2000,
+                               "sms": sms},
+            "nvlink": {"bw_GBps": 300}, "nics": {"count": 8, "bw_Gbps": 200}}},
+        "model": {"layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "kv_heads": 4,
+                  "vocab": 1000},
+        "training": {"seq_len": 128, "micro_batch": 1, "steps": 1},
+        "algorithms": [{"name": "fsdp"}]})
+    return Hardware.from_spec(scn.cluster, scn.runtime)
+
+
+RT = ComputeRuntime(model="kernels", gemm_efficiency=0.8, gemm_tiles=((128, 128, 1.0),),
+                    attention_efficiency_forward=0.5, attention_efficiency_backward=0.4,
+                    hbm_efficiency=0.8, kernel_gap_us=0.0)
+MODEL = ModelSpec(layers=4, hidden=4096, ffn_hidden=11008, heads=32, kv_heads=8, vocab=32000)
+
+
+def _cm(**kw) -> ComputeModel:
+    return ComputeModel(hw=_hw(), rt=kw.pop("rt", RT), tokens_per_gpu=kw.pop("tokens", 8192),
+                        model=MODEL, seq_len=4096, **kw)
+
+
+def test_gemm_efficiency_is_tile_times_wave_quantisation():
+    cm = _cm()
+    # 108 SMs, 128x128 tiles: 1536 x 1536 = 144 tiles -> 2 waves of 108: 144/216 busy
+    assert cm.gemm_efficiency(1536, 1536, 4096) == pytest.approx(0.8 * 144 / 216)
+    # 100 x 128: one partly filled tile row (100/128), 1 tile in 1 wave of 108
+    assert cm.gemm_efficiency(100, 128, 4096) == pytest.approx(0.8 * (100 / 128) * (1 / 108))
+    # a GEMM of exactly 108 full tiles wastes nothing
+    assert cm.gemm_efficiency(128 * 108, 128, 4096) == pytest.approx(0.8)
+
+
+def test_gemm_time_is_the_slower_of_flops_and_bytes():
+    cm = _cm()
+    k = cm.gemm("g", 128 * 108, 1024, 4096)  # 864 tiles = 8 full waves: compute bound
+    assert k.time_s == pytest.approx(2 * 128 * 108 * 1024 * 4096 / (312e12 * 0.8))
+    assert k.nbytes / (2000e9 * 0.8) < k.time_s
+    skinny = cm.gemm("s", 1, 128 * 108, 4096)  # a matrix-vector product: HBM bound
+    assert skinny.time_s == pytest.approx(skinny.nbytes / (2000e9 * 0.8))
+
+
+def test_layer_kernels_add_up_with_gaps_and_backward_doubles_the_gemms():
+    cm = _cm()
+    unit = MODEL.units(4096)[1]
+    fwd = cm.unit_kernels(unit, "forward")
+    bwd = cm.unit_kernels(unit, "backward")
+    gemm_f = sum(k.flops for k in fwd if k.name in ("qkv", "attn out", "mlp gate+up",
+                                                     "mlp down"))
+    gemm_b = sum(k.flops for k in bwd if "grad" in k.name)
+    assert gemm_f == pytest.approx(2 * 8192 * (2 * 4096 * 4096 + 2 * 4096 * 1024
+                                               + 3 * 4096 * 11008))
+    assert gemm_b == pytest.approx(2 * gemm_f)
+    attn = next(k for k in fwd if k.name == "attention")
+    assert attn.flops == pytest.approx(MODEL.attention_core_flops_per_token(4096) * 8192)
+    assert attn.time_s == pytest.approx(attn.flops / (312e12 * 0.5))
+    gap = _cm(rt=replace(RT, kernel_gap_us=5.0))
+    assert gap.forward_s(unit) - cm.forward_s(unit) == pytest.approx(len(fwd) * 5e-6)
+
+
+def test_memory_bound_kernels_run_at_hbm_bandwidth():
+    cm = _cm()
+    norm = next(k for k in cm.unit_kernels(MODEL.units(4096)[1], "forward")
+                if k.name == "rmsnorm x2")
+    assert norm.time_s == pytest.approx(2 * 2 * 8192 * 4096 * 2 / (2000e9 * 0.8))
+
+
+def test_fused_cross_entropy_moves_fewer_bytes():
+    root = MODEL.units(4096)[0]
+    plain = next(k for k in _cm().unit_kernels(root, "forward") if k.name == "cross-entropy")
+    fused = next(k for k in _cm(cross_entropy="fused").unit_kernels(root, "forward")
+                 if k.name == "cross-entropy")
+    assert plain.nbytes == 8192 * 32000 * (2 + 12)
+    assert fused.nbytes == 8192 * 32000 * 2
+
+
+def test_eager_attention_is_slower_than_flash():
+    unit = MODEL.units(4096)[1]
+    assert _cm(attention="eager").forward_s(unit) > _cm().forward_s(unit)
+
+
+@pytest.mark.parametrize(("policy", "fraction", "expected"), [
+    ("none", 1.0, 0), ("full", 1.0, 4), (True, 1.0, 4), ("selective", 0.5, 2),
+    ("selective", 0.25, 1)])
+def test_recompute_follows_the_checkpointing_policy(policy, fraction, expected):
+    cm = _cm()
+    train = TrainingSpec(seq_len=4096, micro_batch=2, steps=1,
+                         activation_checkpointing=policy, checkpoint_fraction=fraction)
+    units = MODEL.units(4096)
+    re = [cm.recompute_s(u, 1.0, train) for u in units]
+    assert re[0] == 0.0  # the root (embedding, head) is never re-run
+    assert sum(re) == expected
+
+
+def test_constant_model_is_the_fallback():
+    rt = ComputeRuntime(efficiency_forward=0.5, efficiency_backward=0.25)
+    cm = ComputeModel(hw=_hw(), rt=rt, tokens_per_gpu=1000, model=MODEL, seq_len=4096)
+    u = MODEL.units(4096)[1]
+    assert cm.forward_s(u) == pytest.approx(u.fwd_flops_per_token * 1000 / (312e12 * 0.5))
+    assert cm.backward_s(u) == pytest.approx(u.bwd_flops_per_token * 1000 / (312e12 * 0.25))
+
+
+def test_interference_slows_the_overlapped_share():
+    assert ComputeModel.interference(1.0, 0.5, 0.2) == pytest.approx(1 / (1 - 0.1))
+    assert ComputeModel.interference(1.0, 3.0, 0.2) == pytest.approx(1 / 0.8)
+    assert ComputeModel.interference(1.0, 0.0, 0.2) == 1.0
+    assert math.isclose(ComputeModel.interference(1.0, 1.0, 0.0), 1.0)

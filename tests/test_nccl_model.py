@@ -1,0 +1,108 @@
+"""NCCL's cost model against its own formulas (tuning.cc, constants in nccl_tuning.yaml):
+per-hop latency by link class, algorithm availability by version and topology, protocol choice,
+nccl-tests' bus bandwidth, and the `simfed collective` table."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from simfed.cli import main
+from simfed.collectives.nccl import NcclModel, bus_factor, tuning_table, version_constants
+from simfed.hardware import Hardware
+from simfed.spec import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = ROOT / "scenarios" / "h100-1024.yaml"
+
+
+def _hw(path=H100, **sets) -> Hardware:
+    scn = load_scenario(path, sets)
+    return Hardware.from_spec(scn.cluster, scn.runtime)
+
+
+def test_ring_latency_charges_each_hop_by_its_link_class():
+    c = version_constants("2.23")
+    m = NcclModel(hw=_hw(), version="2.23", algorithms=("ring",), protocols=("Simple",))
+    n, nodes = 32, 4  # 8 GPUs per node
+    ch = m.best("all_reduce", 1, n, nodes)
+    nsteps, n_inter = 2 * (n - 1), 2 * (nodes - 1)
+    expect = (c["base_lat_us"]["ring"][2] + (nsteps - n_inter) * c["hw_lat_us"]["nvlink"]["ring"][2]
+              + n_inter * c["hw_lat_us"]["net"]["ring"][2])
+    assert ch.latency_s == pytest.approx(expect * 1e-6)
+    # the old alpha-beta charge (every step at the slowest hop) is larger
+    assert ch.latency_s < (c["base_lat_us"]["ring"][2] + nsteps
+                           * c["hw_lat_us"]["net"]["ring"][2]) * 1e-6
+
+
+def test_large_ring_messages_reach_the_links_bus_bandwidth():
+    hw = _hw()
+    m = NcclModel(hw=hw, algorithms=("ring",), protocols=("Simple",))
+    s = 8 * 2**30
+    ch = m.best("all_gather", s, 8, 1)
+    busbw = s / ch.time_s * bus_factor("all_gather", 8)
+    assert busbw == pytest.approx(hw.nvlink_Bps * hw.nvlink_efficiency, rel=5e-3)  # + latency
+
+
+def test_small_messages_pick_a_low_latency_protocol_large_ones_simple():
+    m = NcclModel(hw=_hw(), algorithms=("ring",))
+    assert m.best("all_reduce", 4096, 8, 1).protocol == "LL"
+    assert m.best("all_reduce", 2**32, 8, 1).protocol == "Simple"
+
+
+def test_pat_only_with_one_gpu_per_node_from_2_23():
+    m23 = NcclModel(hw=_hw(), version="2.23")
+    m22 = NcclModel(hw=_hw(), version="2.22")
+    algos = {c.algorithm for c in m23.candidates("all_gather", 2**20, 16, 16)}
+    assert "pat" in algos
+    assert "pat" not in {c.algorithm for c in m22.candidates("all_gather", 2**20, 16, 16)}
+    assert "pat" not in {c.algorithm for c in m23.candidates("all_gather", 2**20, 32, 4)}
+    # PAT's log-depth latency beats the ring's N-1 network hops for small messages
+    assert m23.best("all_gather", 2**16, 64, 64).algorithm == "pat"
+
+
+def test_tree_only_for_cross_node_all_reduce():
+    m = NcclModel(hw=_hw())
+    assert "tree" in {c.algorithm for c in m.candidates("all_reduce", 2**20, 64, 8)}
+    assert "tree" not in {c.algorithm for c in m.candidates("all_reduce", 2**20, 8, 1)}
+    assert "tree" not in {c.algorithm for c in m.candidates("all_gather", 2**20, 64, 8)}
+    # tree latency: base + 2((q-1) intra + log2(N) inter)
+    c = version_constants("2.23")
+    tree = next(x for x in m.candidates("all_reduce", 1, 64, 8)
+                if x.algorithm == "tree" and x.protocol == "Simple")
+    expect = c["base_lat_us"]["tree"][2] + 2 * (7 * c["hw_lat_us"]["nvlink"]["tree"][2]
+                                                + math.log2(8) * c["hw_lat_us"]["net"]["tree"][2])
+    assert tree.latency_s == pytest.approx(expect * 1e-6)
+
+
+def test_nvls_on_hopper_nvswitch_not_on_ampere():
+    h = NcclModel(hw=_hw())
+    a = NcclModel(hw=_hw(ROOT / "scenarios" / "512gpu.yaml"))
+    assert h.best("all_reduce", 2**30, 8, 1).algorithm == "nvls"
+    assert "nvls" not in {c.algorithm for c in a.candidates("all_reduce", 2**30, 4, 1)}
+    big = h.best("all_reduce", 2**33, 8, 1)
+    ring = h.ring_busbw_Bps(8, 1)
+    assert big.busbw_Bps("all_reduce", 8) == pytest.approx(1.30 * ring, rel=0.01)
+
+
+def test_version_table_is_sourced_and_ordered():
+    t = tuning_table()
+    assert set(t["versions"]) >= {"2.18", "2.22", "2.23"}
+    assert version_constants("2.26.5") is t["versions"]["2.23"]
+    assert version_constants("2.21.5") is t["versions"]["2.18"]
+
+
+def test_collective_command_prints_an_nccl_tests_table():
+    res = CliRunner().invoke(main, ["collective", str(H100), "--nodes", "2", "--op",
+                                    "all_gather", "--min-bytes", "1M", "--max-bytes", "4M"])
+    assert res.exit_code == 0, res.output
+    rows = [ln.split() for ln in res.output.splitlines() if not ln.startswith("#")]
+    assert [int(r[0]) for r in rows] == [2**20, 2**21, 2**22]
+    for size, t_us, algbw, busbw, _ in rows:
+        assert float(algbw) == pytest.approx(int(size) / float(t_us) / 1e3, rel=0.01)
+        assert float(busbw) == pytest.approx(float(algbw) * 15 / 16, rel=0.01)
+    bad = CliRunner().invoke(main, ["collective", str(H100), "--nodes", "999"])
+    assert bad.exit_code == 2 and "does not fit" in bad.output
