@@ -195,7 +195,8 @@ def round_model(*, alg: AlgorithmSpec, plan: Any, strag: StragglerSpec, steps: i
 
 def apply_rounds(result: dict[str, Any], rounds: dict[str, Any]) -> None:
     """Put the variant's step time (wall time per useful local step) in the result and scale
-    every throughput number with it."""
+    every throughput number with it (step_times_s and phases_s stay the engine's synchronous
+    local steps)."""
     old = result["step_time_s"]
     new = rounds["step_time_s"]
     if not np.isfinite(new) or new <= 0:
@@ -205,7 +206,9 @@ def apply_rounds(result: dict[str, Any], rounds: dict[str, Any]) -> None:
     for key in ("tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "mfu"):
         result[key] *= ratio
     result["step_time_s"] = new
-    result["total_time_s"] = rounds["total_time_s"]
+    # the time to the run's `steps` useful local steps (rounds repeat alike: what a long run
+    # extrapolated from a window keeps); the rounds' own wall time is in fl_rounds
+    result["total_time_s"] = new * result["steps"]
     result["epoch_time_s"] = new * result["steps_per_epoch"]
     result["fl_rounds"] = rounds
 

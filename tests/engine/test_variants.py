@@ -112,3 +112,15 @@ def test_impossible_budget_or_deadline_is_one_line(key, value, message):
     with pytest.raises(SpecError, match=message) as err:
         _run({f"algorithms.fl_fsdp.{key}": value})
     assert "\n" not in str(err.value)
+
+
+def test_variants_and_order_stats_are_byte_identical_across_runs():
+    from simfed.analysis.report import dumps
+    from simfed.engine import simulate
+
+    over = {**SMALL, "stragglers": {"jitter": {"sigma": 0.1, "level": "gpu"}},
+            "algorithms.fl_fsdp.round_budget_s": 9.0,
+            "algorithms.fl_hsdp.round_deadline_s": 12.0,
+            "algorithms.fl_hsdp.outer_optimizer": "nesterov"}
+    scn = load_scenario(PAPER, over)
+    assert dumps(simulate(scn)[0]) == dumps(simulate(scn)[0])
