@@ -103,6 +103,9 @@ def build_program(
     layers = list(range(1, n_units))
     sharded = t.shard > 1
     hybrid = t.replicate > 1
+    # SHARD_GRAD_OP (ZeRO-2): parameters stay gathered from forward to backward (no reshard
+    # after forward, no backward all-gather); gradients are still reduce-scattered
+    keep = sharded and alg.sharding == "grad_op"
 
     gathers: list[Op] = []  # all-gathers in issue order, for the rate limiter
 
@@ -134,7 +137,7 @@ def build_program(
         ag = ag_fwd[i]
         add(kind=COMPUTE, stream=0, phase=FWD, name=f"forward u{i}", unit=i,
             deps=(ag.idx,) if ag else (), duration_s=t.forward_s[i], host_s=launch_s_per_unit,
-            free_unit=i if sharded else -1)
+            free_unit=i if sharded and not keep else -1)
     ag0 = ag_fwd[0]
     reshard_root = sharded and alg.reshard_root_after_forward
     head = add(kind=COMPUTE, stream=0, phase=FWD, name="forward root (head, loss)", unit=0,
@@ -170,15 +173,15 @@ def build_program(
     prev_b = bwd_root
     for i in reversed(layers):
         if i not in ag_bwd:
-            ag_bwd[i] = all_gather(i, BWD)
+            ag_bwd[i] = None if keep else all_gather(i, BWD)
         if alg.backward_prefetch == "pre" and i - 1 >= 1 and i - 1 not in ag_bwd:
-            ag_bwd[i - 1] = all_gather(i - 1, BWD)
+            ag_bwd[i - 1] = None if keep else all_gather(i - 1, BWD)
         ag = ag_bwd[i]
         b = add(kind=COMPUTE, stream=0, phase=BWD, name=f"backward u{i}", unit=i,
                 deps=(ag.idx,) if ag else (), duration_s=t.backward_s[i],
                 host_s=launch_s_per_unit, free_unit=i if sharded else -1)
         if alg.backward_prefetch == "post" and i - 1 >= 1 and i - 1 not in ag_bwd:
-            ag_bwd[i - 1] = all_gather(i - 1, BWD)
+            ag_bwd[i - 1] = None if keep else all_gather(i - 1, BWD)
         reduce(i, b)
         prev_b = b
     # the root's gradient (embedding, tied head) is complete after the embedding backward

@@ -455,6 +455,11 @@ class AlgorithmSpec:
         True, doc="FSDP1 rate limiter: the host waits before a third all-gather is in flight "
         "(FSDP1 default True; the paper's code sets False)")
     backward_prefetch: str = param("none", choices=("none", "pre", "post"))
+    sharding: str = param(
+        "full", choices=("full", "grad_op"),
+        doc="fsdp/hsdp family: full (FULL_SHARD / HYBRID_SHARD: reshard after forward, gather "
+        "again for backward) or grad_op (SHARD_GRAD_OP, ZeRO-2: parameters stay gathered from "
+        "forward to backward; gradients and optimizer state stay sharded)")
     fedavg_dtype: str = param("bf16", choices=("bf16", "fp32"))
     round_budget_s: float = param(
         0.0, ge=0, doc="fl_*: time-budgeted rounds: each group runs as many local steps as fit "
