@@ -26,6 +26,14 @@ GROUP_SIZES_NODES = (1, 4, 16)
 HEATMAP_GROUPS = "1:128:x2"
 HEATMAP_K = "1:64:x2"
 GANTT_STEPS = 8  # K = 8 in the paper: step 8 ends with a FedAvg round
+# the straggler study (issue 19): the paper's 128 nodes and 8x that; one node 0-100% slower,
+# per-GPU jitter sigma 0-10%; the FL variants' budget is an unslowed group's K local steps and
+# the deadline 5% more (so that without stragglers every variant runs K steps, all groups in)
+STRAGGLER_NODES = (128, 1024)
+STRAGGLER_SLOW_NODE_PCT = tuple(range(0, 101, 10))
+STRAGGLER_JITTER_PCT = (0, 2, 4, 6, 8, 10)
+STRAGGLER_SLOW_NODE = 5
+STRAGGLER_DEADLINE_SLACK = 1.05
 
 
 # the columns of the sweep CSVs kept next to the figures (the full rows: simfed sweep)
@@ -64,7 +72,61 @@ class _Maker:
         self.echo(f"wrote {p}")
 
 
-FIGURE_GROUPS = ("gpus", "heatmap", "phases", "gantt", "validation", "perplexity")
+FIGURE_GROUPS = ("gpus", "heatmap", "phases", "gantt", "stragglers", "validation",
+                 "perplexity")
+
+
+def straggler_rows(scenario: Path, *, nodes: tuple[int, ...] = STRAGGLER_NODES,
+                   steps: int = GPU_STEPS, slow_pct: tuple[int, ...] = STRAGGLER_SLOW_NODE_PCT,
+                   jitter_pct: tuple[int, ...] = STRAGGLER_JITTER_PCT) -> list[dict[str, Any]]:
+    """Throughput of every algorithm and FL variant against straggler severity (the
+    order-statistics method: a few seconds per cluster size)."""
+    from dataclasses import replace
+
+    from .engine import simulate_algorithm
+    from .spec import load_scenario
+
+    rows: list[dict[str, Any]] = []
+    for n in nodes:
+        base = load_scenario(scenario, {"cluster.nodes": n, "training.steps": steps})
+        algs = []
+        for alg in base.algorithms:
+            algs.append((alg, "sync"))
+            if alg.name not in ("fl_fsdp", "fl_hsdp"):
+                continue
+            # an unslowed group's K local steps: the homogeneous run less its FedAvg rounds
+            free = simulate_algorithm(base, alg).result
+            local = ((free["total_time_s"] - free["aggregations"]
+                      * free["aggregation_per_event_s"]) / free["aggregations"])
+            algs.append((replace(alg, label=f"{alg.display}, time budget",
+                                 round_budget_s=local * 1.0001), "budget"))
+            if alg.name == "fl_fsdp":
+                algs.append((replace(alg, label=f"{alg.display}, deadline",
+                                     round_deadline_s=local * STRAGGLER_DEADLINE_SLACK),
+                             "deadline"))
+                algs.append((replace(alg, label=f"{alg.display}, outer Nesterov",
+                                     outer_optimizer="nesterov"), "nesterov"))
+        slow = min(STRAGGLER_SLOW_NODE, n - 1)
+        cases = [("slow_node", p, {"slow_nodes": [{"node": slow,
+                                                   "factor": 1 + p / 100}]} if p else {})
+                 for p in slow_pct]
+        cases += [("gpu_jitter", p, {"jitter": {"sigma": p / 100, "level": "gpu"}} if p else {})
+                  for p in jitter_pct]
+        for kind, pct, strag in cases:
+            scn = load_scenario(scenario, {"cluster.nodes": n, "training.steps": steps,
+                                           "stragglers": strag})
+            for alg, variant in algs:
+                r = simulate_algorithm(scn, alg).result
+                rounds = r.get("fl_rounds") or {}
+                rows.append({
+                    "gpus": scn.cluster.world, "kind": kind, "severity_pct": pct,
+                    "name": alg.name, "label": alg.display, "variant": variant,
+                    "step_time_s": r["step_time_s"], "tokens_per_s": r["tokens_per_s"],
+                    "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+                    "participation": rounds.get("participation", ""),
+                    "local_steps_per_round": rounds.get("local_steps_per_round", ""),
+                })
+    return rows
 
 
 def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | Path = "figures",
@@ -74,7 +136,10 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
                  gpu_nodes: str = GPU_NODES, gpu_steps: int = GPU_STEPS,
                  group_sizes: tuple[int, ...] = GROUP_SIZES_NODES,
                  heatmap_groups: str = HEATMAP_GROUPS, heatmap_k: str = HEATMAP_K,
-                 gantt_steps: int = GANTT_STEPS) -> list[Path]:
+                 gantt_steps: int = GANTT_STEPS,
+                 straggler_nodes: tuple[int, ...] = STRAGGLER_NODES,
+                 straggler_slow_pct: tuple[int, ...] = STRAGGLER_SLOW_NODE_PCT,
+                 straggler_jitter_pct: tuple[int, ...] = STRAGGLER_JITTER_PCT) -> list[Path]:
     """Every figure for `scenario` (the 512-GPU paper scenario by default), or the groups in
     `only` (FIGURE_GROUPS); the grid settings default to the module constants."""
     from .engine import simulate
@@ -174,6 +239,23 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
                                 f"algorithm (the last of {gantt_steps}: it ends with FedAvg "
                                 f"when K divides {gantt_steps})"),
                f"{stem}_gantt_step{gantt_steps}")
+
+    if "stragglers" in todo:  # throughput against straggler severity, with the FL variants
+        from .plots import plot_stragglers
+        from .sweep import to_csv
+
+        rows = straggler_rows(scenario, nodes=straggler_nodes, steps=gpu_steps,
+                              slow_pct=straggler_slow_pct, jitter_pct=straggler_jitter_pct)
+        path = m.out_dir / f"{stem}_stragglers_sweep.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(to_csv(rows), encoding="utf-8")
+        m.written.append(path)
+        echo(f"wrote {path}")
+        scn = load_scenario(scenario)
+        m.save(plot_stragglers(rows, title=f"{scn.name}: {scn.model.name} on "
+                               f"{scn.cluster.node.gpu.name}\n"
+                               f"throughput vs straggler severity ({gpu_steps} steps)"),
+               f"{stem}_stragglers")
 
     results_dir = Path(results_dir)
     validate = results_dir / "validate.json"

@@ -16,6 +16,7 @@ _WHERE = {
     "plot_perplexity": "perplexity",
     "plot_phases": "phases",
     "plot_scaling": "scaling",
+    "plot_stragglers": "stragglers",
     "plot_validation": "validation",
 }
 __all__ = sorted(_WHERE)

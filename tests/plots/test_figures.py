@@ -13,7 +13,8 @@ from .test_plots import VALIDATE, summary
 
 TINY = ROOT / "tests" / "fixtures" / "tiny2x2.yaml"
 SMALL = {"gpu_nodes": "1:4:x2", "gpu_steps": 2, "group_sizes": (1, 2), "heatmap_groups": "1,2",
-         "heatmap_k": "1,2", "gantt_steps": 2}
+         "heatmap_k": "1,2", "gantt_steps": 2, "straggler_nodes": (2, 4),
+         "straggler_slow_pct": (0, 50), "straggler_jitter_pct": (0, 10)}
 
 
 def test_every_figure(tmp_path):
@@ -31,7 +32,8 @@ def test_every_figure(tmp_path):
         "tiny2x2_speedup_vs_gpus_with_debug_checks.png", "tiny2x2_fl_fsdp_group_size_vs_gpus.png",
         "tiny2x2_group_k_sweep.csv", "tiny2x2_fl_fsdp_speedup_over_fsdp_group_size_x_k.png",
         "tiny2x2_fl_fsdp_speedup_over_hsdp_group_size_x_k.png", "tiny2x2_phases.png",
-        "tiny2x2_gantt_step2.png", "validate_predicted_vs_measured.png",
+        "tiny2x2_gantt_step2.png", "tiny2x2_stragglers_sweep.csv", "tiny2x2_stragglers.png",
+        "validate_predicted_vs_measured.png",
         "realrun_perplexity_vs_time.png"])
     for p in written:
         assert 0 < p.stat().st_size < 150_000, p
