@@ -298,6 +298,11 @@ class ComputeRuntime:
         0.8, gt=0, le=1, doc="kernels: memory-bound kernels' achieved / nominal HBM bandwidth")
     kernel_gap_us: float = param(
         0.0, ge=0, doc="kernels: idle GPU time between consecutive kernels of a unit")
+    gpu_variation: float = param(
+        0.0, ge=0, le=0.5, doc="relative standard deviation of GPU-to-GPU speed of one SKU "
+        "(manufacturing and power management); ranks that meet at every step's collectives "
+        "wait for their slowest: compute takes 1 + gpu_variation x E[max of n normals] for a "
+        "synchronous group of n (a mean-field scale loss; stragglers.jitter simulates draws)")
     fedavg_local_GBps: float = param(
         0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
         "averaged buffer per second (0 = free)")
