@@ -125,7 +125,16 @@ def _tidy(x: float) -> int | float:
 
 
 def parse_values(raw: Any, where: str = "value") -> list[Any]:
-    """A list of values from `V1,V2,...`, `A:B`, `A:B:STEP`, `A:B:xF` or a YAML list."""
+    """A list of values from `V1,V2,...`, `A:B`, `A:B:STEP`, `A:B:xF` or a YAML list; every
+    number finite (a NaN or an infinity could not be written to the sweep's JSON)."""
+    values = _parse_values(raw, where)
+    for v in values:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecError(f"{where}: {v} is not a finite number")
+    return values
+
+
+def _parse_values(raw: Any, where: str) -> list[Any]:
     if isinstance(raw, (list, tuple)):
         if not raw:
             raise SpecError(f"{where}: empty list of values")

@@ -22,10 +22,10 @@ from ..spec.trace import PHASES, Span
 from ..spec.units import dtype_nbytes, us_to_s
 from .actors import partition
 from .program import StepTimes, build_program
-from .sim import Simulation, expected_max_normal
+from .sim import Simulation
 from .timeline import actor_spans, busy_and_exposed, busy_share, peak_unsharded_bytes, step_bounds
 from .variants import apply_rounds, outer_step_s, round_model, variant_of
-from .window import STEP_WINDOW, check_result, simulate_windowed
+from .window import check_result, needs_window, simulate_windowed
 
 
 @dataclass
@@ -67,9 +67,6 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                 for u, r in zip(units, recompute, strict=True))
     if scn.runtime.comm.sm_share > 0 and plan.shard > 1:
         fwd, bwd = _interfered(scn, hw, plan, units, fwd, bwd, cm)
-    if rt.gpu_variation > 0:  # the synchronous group waits for its slowest GPU
-        slow = 1.0 + rt.gpu_variation * expected_max_normal(plan.shard * plan.replicate)
-        fwd, bwd = tuple(f * slow for f in fwd), tuple(b * slow for b in bwd)
     times = StepTimes(
         forward_s=fwd,
         backward_s=bwd,
@@ -285,7 +282,7 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     None picks that automatically when jitter breaks the symmetry of every node and the
     per-rank method simulates each (the costly case; starting worker processes costs more than
     it saves otherwise)."""
-    if scn.training.steps > STEP_WINDOW:  # a long run from a window (simfed.engine.window)
+    if needs_window(scn):  # a long run from a window (simfed.engine.window)
         out, spans = simulate_windowed(simulate, scn, algorithms, trace=trace,
                                        trace_steps=trace_steps, jobs=jobs)
         return check_result(out), spans

@@ -130,6 +130,9 @@ def budget_rounds(local_s: np.ndarray, agg_s: float, budget_s: float
     return times, counted
 
 
+MAX_BUDGET_SLOTS = 4_000_000  # time-budgeted rounds: step slots simulated at most (32 MB)
+
+
 def round_model(*, alg: AlgorithmSpec, plan: Any, strag: StragglerSpec, steps: int, seed: int,
                 agg_steps: set[int],
                 step_times: Callable[[np.ndarray, set[int]], list[float]]) -> dict[str, Any]:
@@ -143,6 +146,12 @@ def round_model(*, alg: AlgorithmSpec, plan: Any, strag: StragglerSpec, steps: i
     if variant == "budget":
         probe = step_curve(lo, lo, step_times)  # the fastest step seen: how many can fit
         slots = int(alg.round_budget_s / (0.5 * float(probe.local_s[0]))) + 2
+        if plan.groups * len(bounds) * slots > MAX_BUDGET_SLOTS:  # memory: one float each
+            raise SpecError(f"{where}.round_budget_s: {alg.round_budget_s:g} s holds up to "
+                            f"{slots - 2:,} local steps of {float(probe.local_s[0]):.3g} s a "
+                            f"round; at most {MAX_BUDGET_SLOTS:,} step slots are simulated "
+                            f"(groups x rounds x slots: {plan.groups} x {len(bounds)} x "
+                            f"{slots:,})")
         # fresh draws for the budget's step slots, one table per round (same seed: same run)
         table = group_factors(plan, factor_table(plan, strag, len(bounds) * slots, seed))
         lo, hi = float(table.min()), float(table.max())

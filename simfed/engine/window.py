@@ -4,9 +4,11 @@ A run of more than `STEP_WINDOW` steps is not simulated step by step (its cost, 
 tables of jitter draws and step bounds, would grow with the steps). The rule, stated in the
 output as `extrapolation`:
 
-- simulate a window of n steps: `STEP_WINDOW` rounded down to whole FedAvg periods of K steps
-  (K itself when K > STEP_WINDOW), so FedAvg falls in the window as in the run, and the window's
-  last step aggregates, as the run's last step does;
+- simulate a window of n steps: at most `STEP_WINDOW`, and at most `LAYER_STEP_BUDGET` /
+  (layers + 1) (a deep model's steps cost more; 16 at least), rounded down to whole FedAvg
+  periods of K steps, so FedAvg falls in the window as in the run; the window's last step
+  aggregates, as the run's last step does (when K is longer than the window, that is the
+  window's one round: its FedAvg waits then reflect the window's drift, not K steps');
 - the run's time = (window time - its FedAvg time) / n x steps + the window's mean FedAvg time x
   the run's FedAvg rounds (every K steps and after the last);
 - per-step means (phases, compute, exposed communication, bytes per link) are the window's,
@@ -29,19 +31,29 @@ from ..spec.limits import STEP_WINDOW
 from ..spec.scenario import AlgorithmSpec, Scenario
 from ..spec.schema import SpecError
 
-RULE = (f"runs over {STEP_WINDOW} steps: a window of whole FedAvg periods is simulated; time = "
+RULE = ("a long run is simulated over a window of whole FedAvg periods (steps_simulated); time = "
         "window time without FedAvg / window steps x steps + mean FedAvg time x FedAvg rounds")
+LAYER_STEP_BUDGET = 8192  # (layers + 1) x steps simulated at most: about 4 s for 4 algorithms
+MIN_WINDOW = 16
 
 
-def window_steps(steps: int, every: int) -> int:
+def window_size(layers: int) -> int:
+    """Most steps simulated for a model of `layers` decoder layers."""
+    return max(MIN_WINDOW, min(STEP_WINDOW, LAYER_STEP_BUDGET // (layers + 1)))
+
+
+def needs_window(scn: Scenario) -> bool:
+    return scn.training.steps > window_size(scn.model.layers)
+
+
+def window_steps(steps: int, every: int, layers: int = 0) -> int:
     """Steps to simulate for a run of `steps` with FedAvg every `every` steps (0: none)."""
-    if steps <= STEP_WINDOW:
+    w = window_size(layers)
+    if steps <= w:
         return steps
-    if every < 1:
-        return STEP_WINDOW
-    if every > STEP_WINDOW:
-        return min(every, steps)
-    return STEP_WINDOW // every * every
+    if every < 1 or every > w:
+        return w
+    return w // every * every
 
 
 def rounds(steps: int, every: int) -> int:
@@ -89,7 +101,8 @@ def simulate_windowed(simulate: Callable[..., tuple[dict[str, Any], dict]], scn:
     chosen = [scn.algorithm(a) for a in algorithms] if algorithms else list(scn.algorithms)
     by_window: dict[int, list[AlgorithmSpec]] = {}
     for alg in chosen:
-        by_window.setdefault(window_steps(scn.training.steps, _every(alg)), []).append(alg)
+        n = window_steps(scn.training.steps, _every(alg), scn.model.layers)
+        by_window.setdefault(n, []).append(alg)
     results: dict[int, dict[str, Any]] = {}
     spans: dict[str, Any] = {}
     ops = 0
@@ -108,6 +121,11 @@ def simulate_windowed(simulate: Callable[..., tuple[dict[str, Any], dict]], scn:
         r["epoch_speedup"] = base["epoch_time_s"] / r["epoch_time_s"]
     out = dict(out, algorithms=runs, baseline=base["name"], simulated_ops=ops,
                extrapolation=RULE)
+    conv = getattr(scn, "convergence", None)  # time to target over the whole run, not the window
+    if conv is not None and getattr(conv, "model", "none") != "none":
+        from ..convergence import attach
+
+        attach(scn, out)
     return out, spans
 
 

@@ -10,11 +10,13 @@ Two tables:
   node, layers) or whose meaning breaks beyond a bound (a jitter sigma, Adam's betas). Each says
   why, and the error message prints the reason with the limit.
 
-The limits of cost are measured with `simfed bench` on 2 cores: the simulator's time grows
-about linearly with the number of GPUs (about 0.1 ms per GPU for 4 algorithms: 524,288 GPUs
-take about a minute) and with layers x simulated steps (about 0.5 s per 32 layers for 4
-algorithms x 64 steps); `training.steps` beyond `STEP_WINDOW` is extrapolated from a window
-(`simfed.engine.window`), so it costs nothing.
+The limits of cost were measured with `simfed run` on 2 cores: the simulator sets up process
+groups, actors and link loads rank by rank, so its time grows about linearly with the number of
+GPUs (512gpu.yaml: 2.9 s at 32,768 GPUs, 13 s at 131,072, 228 s at 524,288 on a loaded host);
+`MAX_WORLD` keeps a run under about 10 s. Steps cost time with layers x simulated steps; a run
+longer than its window (`simfed.engine.window`: at most STEP_WINDOW steps and at most 8,192
+layer-steps) is extrapolated from the window, so `training.steps` and `model.layers` together
+cost a bounded time.
 """
 
 from __future__ import annotations
@@ -46,12 +48,13 @@ UNIT_RANGES: tuple[tuple[str, Range], ...] = (
      Range(None, 1e3, "a ratio is at most 1000")),
 )
 
-MAX_WORLD = 2**19  # 524,288 GPUs: `simfed bench`'s largest line, about a minute on 2 cores
+MAX_WORLD = 2**16  # 65,536 GPUs: about 6 s on 2 cores (the setup is per rank)
+MAX_EMULATED_RANKS = 4096  # an emulated cluster (host_cores > 0): every rank a process on a host
 STEP_WINDOW = 256  # steps simulated at most; more are extrapolated (simfed.engine.window)
 
 PATH_LIMITS: dict[str, Range] = {
     "cluster.nodes": Range(None, MAX_WORLD, "the simulator's time grows with the GPUs; at most "
-                           f"{MAX_WORLD:,} GPUs (about a minute on 2 cores)"),
+                           f"{MAX_WORLD:,} GPUs (about 6 s on 2 cores)"),
     "cluster.node.gpus": Range(None, 1024, "GPUs in one node (NVLink domain); the largest "
                                "built have 576"),
     "cluster.node.cpu_cores": Range(None, 4096, "host cores of one node"),
@@ -59,9 +62,8 @@ PATH_LIMITS: dict[str, Range] = {
     "cluster.fabric.nodes_per_leaf": Range(None, MAX_WORLD, "nodes under one leaf switch"),
     "cluster.fabric.nodes_per_group": Range(None, MAX_WORLD, "nodes in one group"),
     "cluster.node.nics.count": Range(None, 64, "NIC rails per node"),
-    "model.layers": Range(None, 512, "the simulator's time grows with layers x steps (about "
-                          "0.5 s per 32 layers for 4 algorithms x 64 steps); the deepest "
-                          "published LLMs have under 200"),
+    "model.layers": Range(None, 512, "decoder layers: the deepest published LLMs have under "
+                          "200 (a deep model's run is simulated over fewer steps)"),
     "model.hidden": Range(None, 2**20, "model width"),
     "model.ffn_hidden": Range(None, 2**22, "MLP width"),
     "model.heads": Range(None, 2**16, "attention heads"),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .algorithms import ALGORITHMS, algorithm_info
-from .limits import MAX_WORLD
+from .limits import MAX_EMULATED_RANKS, MAX_WORLD
 from .model import ModelSpec
 from .plan import ParallelPlan
 from .schema import SpecError, build, param, to_plain
@@ -642,8 +642,13 @@ class Scenario:
         if self.cluster.world > MAX_WORLD:
             raise SpecError(
                 f"cluster: {self.cluster.nodes:,} nodes x {self.cluster.node.gpus:,} GPUs = "
-                f"{self.cluster.world:,} GPUs; the limit is {MAX_WORLD:,} (the simulator's time "
-                "grows with the GPUs: about a minute at the limit on 2 cores)")
+                f"{self.cluster.world:,} GPUs; the limit is {MAX_WORLD:,} (the simulator sets "
+                "up its process groups and links rank by rank: about 6 s at the limit on 2 "
+                "cores)")
+        if self.cluster.host_cores > 0 and self.cluster.world > MAX_EMULATED_RANKS:
+            raise SpecError(
+                f"cluster.host_cores: an emulated cluster runs every rank on one host; "
+                f"{self.cluster.world:,} ranks is over the limit of {MAX_EMULATED_RANKS:,}")
         if (self.stragglers.jitter.distribution == "uniform"
                 and self.stragglers.jitter.sigma >= 1):
             raise SpecError(f"stragglers.jitter.sigma: a uniform half-width must be < 1 (a "

@@ -5,7 +5,6 @@ import math
 
 import pytest
 
-import simfed.engine.run as run
 import simfed.engine.window as window
 from simfed.engine import simulate
 from simfed.spec import SpecError, load_scenario
@@ -25,7 +24,8 @@ def test_window_sizes_follow_the_rule():
     assert window.window_steps(w, 8) == w
     assert window.window_steps(w + 1, 0) == w
     assert window.window_steps(10**9, 7) == w // 7 * 7  # whole FedAvg periods
-    assert window.window_steps(10**9, w + 5) == w + 5  # one period when K is longer
+    assert window.window_steps(10**9, w + 5) == w  # K longer: the window's last step
+    assert window.window_steps(10**9, 8, layers=511) == 16  # deep: 8192 // 512 layer-steps
     assert window.rounds(10, 3) == 4 and window.rounds(9, 3) == 3 and window.rounds(9, 0) == 0
 
 
@@ -33,8 +33,8 @@ def test_windowed_run_matches_the_exact_one(monkeypatch):
     """40 steps with K = 3, exactly and from a 12-step window (4 periods): the same step times
     to within 1% and the same FedAvg rounds (the window's extra last-step round re-weighted)."""
     exact, _ = simulate(_scn(40))
-    monkeypatch.setattr(run, "STEP_WINDOW", 12)
     monkeypatch.setattr(window, "STEP_WINDOW", 12)
+    monkeypatch.setattr(window, "MIN_WINDOW", 4)
     est, _ = simulate(_scn(40))
     for e, x in zip(exact["algorithms"], est["algorithms"], strict=True):
         assert x["steps_simulated"] == 12 and x["steps"] == 40

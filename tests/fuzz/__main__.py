@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", help="write every case's result here")
     ap.add_argument("--show", type=int, default=30, help="bad cases to list")
+    ap.add_argument("--time-limit", type=float, default=TIME_LIMIT_S,
+                    help="seconds a case may take before it counts as a hang")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     cases = generate(args.cases, args.seed)
@@ -37,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {seen[0]:,}/{len(cases):,} cases, {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
 
-    results = run_cases(cases, jobs=args.jobs, progress=progress)
+    results = run_cases(cases, jobs=args.jobs, progress=progress, time_limit_s=args.time_limit)
     s = summarise(results)
     wall = time.perf_counter() - t0
     print(f"simfed fuzz: {s['cases']:,} cases (seed {args.seed}) in {wall:.0f} s; "
-          f"time limit {TIME_LIMIT_S} s per case; slowest {s['slowest_s']} s ({s['slowest']})")
+          f"time limit {args.time_limit:g} s per case; slowest {s['slowest_s']} s ({s['slowest']})")
     print(f"expected: {s['expect']}")
     print("outcomes:")
     for k, v in s["outcomes"].items():

@@ -174,12 +174,12 @@ def run_case(case: Case, time_limit_s: float = TIME_LIMIT_S) -> Result:
                       detail)
 
 
-def _run_batch(cases: list[Case]) -> list[Result]:
-    return [run_case(c) for c in cases]
+def _run_batch(cases: list[Case], time_limit_s: float = TIME_LIMIT_S) -> list[Result]:
+    return [run_case(c, time_limit_s) for c in cases]
 
 
-def run_cases(cases: list[Case], jobs: int = 1, progress=None, chunk: int = 8
-              ) -> list[Result]:
+def run_cases(cases: list[Case], jobs: int = 1, progress=None, chunk: int = 8,
+              time_limit_s: float = TIME_LIMIT_S) -> list[Result]:
     """Run every case on `jobs` worker processes, `chunk` cases per task. A worker that dies
     breaks the pool: the unfinished cases then run one per fresh worker, so the one that kills
     its worker is found (a `crash`)."""
@@ -193,7 +193,7 @@ def run_cases(cases: list[Case], jobs: int = 1, progress=None, chunk: int = 8
     batches = [cases[i:i + chunk] for i in range(0, len(cases), chunk)]
     try:
         with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker) as pool:
-            for fut in [pool.submit(_run_batch, b) for b in batches]:
+            for fut in [pool.submit(_run_batch, b, time_limit_s) for b in batches]:
                 try:
                     for r in fut.result():
                         done(r)
@@ -206,7 +206,7 @@ def run_cases(cases: list[Case], jobs: int = 1, progress=None, chunk: int = 8
             continue
         try:
             with ProcessPoolExecutor(max_workers=1, initializer=_init_worker) as pool:
-                done(pool.submit(run_case, c).result())
+                done(pool.submit(run_case, c, time_limit_s).result())
         except BrokenProcessPool:
             done(Result(c.id, c.kind, c.what, c.expect, "crash", None, 0.0,
                         "worker process died"))
