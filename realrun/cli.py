@@ -22,6 +22,10 @@ class _Group(click.Group):
         except (SpecError, RealrunError) as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
+        except OSError as exc:  # the file system: a full disk, a path that went away
+            name = f" {exc.filename}" if exc.filename else ""
+            click.echo(f"error: cannot access{name}: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
 
 
 @click.group(cls=_Group)
@@ -59,8 +63,11 @@ def run_command(scenario: str, algorithm: str, out: Path, nproc: int | None,
                 dump_fedavg: bool, kill_rank: int, kill_at_step: int, kill_signal: str,
                 quiet: bool) -> None:
     """Train SCENARIO's ALGORITHM on this host with torchrun (one process per rank)."""
+    from simfed.spec.paths import check_output
+
     from .launch import RunRequest, run
 
+    check_output(out, "--out", folder=True)  # before any process starts
     code = run(RunRequest(
         scenario=scenario, algorithm=algorithm, out=out, nproc=nproc, overrides=overrides,
         device=device, timeout_s=timeout_s, profile_steps=profile_steps,

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .spec import SpecError
+from .spec.paths import check_output
 
 # exit statuses: 2 bad input (a SpecError, a usage error, a file that cannot be read or
 # written); INTERNAL_ERROR a fault of simfed itself (a bug: the traceback goes to a log file)
@@ -58,40 +59,6 @@ class _Group(click.Group):
             sys.exit(2)
         except Exception as exc:  # RecursionError and MemoryError included
             _internal_error(exc)
-
-
-def check_output(path: str | Path | None, option: str, *, folder: bool = False) -> None:
-    """Before any work: `path` (a file, or a folder with `folder`) can be written: it is not
-    the wrong kind of thing, and it exists writable or its nearest existing parent is a
-    writable folder. Raises SpecError naming the option and the path."""
-    import os
-    import tempfile
-
-    if path is None:
-        return
-    p = Path(path)
-    if str(path) == "":
-        raise SpecError(f"{option}: an empty path")
-    if p.exists():
-        if folder and not p.is_dir():
-            raise SpecError(f"{option} {path}: exists and is not a folder")
-        if not folder and p.is_dir():
-            raise SpecError(f"{option} {path}: is a folder, expected a file name")
-        if not os.access(p, os.W_OK):
-            raise SpecError(f"{option} {path}: not writable")
-        probe = p if folder else p.absolute().parent
-    else:
-        probe = p.absolute().parent
-        while not probe.exists():
-            probe = probe.parent
-        if not probe.is_dir():
-            raise SpecError(f"{option} {path}: {probe} is not a folder")
-    try:  # os.access says yes to root everywhere; a file created and removed tells the truth
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as exc:
-        raise SpecError(f"{option} {path}: cannot write in {probe}: "
-                        f"{exc.strerror or exc}") from None
 
 
 @click.group(cls=_Group)
