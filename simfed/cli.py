@@ -208,7 +208,7 @@ def calibrate(inputs: tuple[Path, ...], scenario: str, out: Path, report: Path |
               default=None, type=click.Path(file_okay=False, path_type=Path),
               help="Instead: predict the published measurements in this folder (default "
                    "validation/published) and print predicted vs published tokens/s/GPU.")
-@click.option("--set", "only_set", type=click.Choice(["fit", "check"]), default=None,
+@click.option("--only", "only_set", type=click.Choice(["fit", "check"]), default=None,
               help="--published: only the fit or the check set.")
 @click.option("--out", "out", default="runs/validate", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),

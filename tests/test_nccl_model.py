@@ -106,3 +106,14 @@ def test_collective_command_prints_an_nccl_tests_table():
         assert float(busbw) == pytest.approx(float(algbw) * 15 / 16, rel=0.01)
     bad = CliRunner().invoke(main, ["collective", str(H100), "--nodes", "999"])
     assert bad.exit_code == 2 and "does not fit" in bad.output
+
+
+def test_bad_nccl_and_tile_settings_are_one_line_errors():
+    from simfed.spec.schema import SpecError
+
+    for key, value, words in (
+            ("runtime.comm.nccl_algorithms", ["ring", "foo"], "foo"),
+            ("runtime.comm.nccl_version", "two", "release like 2.23"),
+            ("runtime.compute.gemm_tiles", [[0, 128, 1.0]], "gemm_tiles[0]")):
+        with pytest.raises(SpecError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            load_scenario(H100, {key: value})

@@ -22,7 +22,7 @@ from ..spec.trace import PHASES, Span
 from ..spec.units import dtype_nbytes, us_to_s
 from .actors import partition
 from .program import StepTimes, build_program
-from .sim import Simulation
+from .sim import Simulation, expected_max_normal
 from .timeline import actor_spans, busy_and_exposed, busy_share, peak_unsharded_bytes, step_bounds
 from .variants import apply_rounds, outer_step_s, round_model, variant_of
 from .window import check_result, needs_window, simulate_windowed
@@ -67,6 +67,9 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                 for u, r in zip(units, recompute, strict=True))
     if scn.runtime.comm.sm_share > 0 and plan.shard > 1:
         fwd, bwd = _interfered(scn, hw, plan, units, fwd, bwd, cm)
+    if rt.gpu_variation > 0:  # the synchronous group waits for its slowest GPU
+        slow = 1.0 + rt.gpu_variation * expected_max_normal(plan.shard * plan.replicate)
+        fwd, bwd = tuple(f * slow for f in fwd), tuple(b * slow for b in bwd)
     times = StepTimes(
         forward_s=fwd,
         backward_s=bwd,

@@ -321,6 +321,14 @@ class ComputeRuntime:
         "all-reduce then waits for the group's latest member (`realrun bench`'s drift case; "
         "0 = groups stay in step)")
 
+    def __post_init__(self) -> None:
+        if not self.gemm_tiles:
+            raise SpecError("runtime.compute.gemm_tiles: give at least one tile")
+        for i, (rows, cols, rel) in enumerate(self.gemm_tiles):
+            if rows < 1 or cols < 1 or not 0 < rel <= 1:
+                raise SpecError(f"runtime.compute.gemm_tiles[{i}]: expected rows >= 1, cols >= 1 "
+                                f"and 0 < efficiency <= 1, got {rows}, {cols}, {rel}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class CommRuntime:
@@ -376,6 +384,14 @@ class CommRuntime:
         "a rank's collective time beyond that of ranks in step")
 
     def __post_init__(self) -> None:
+        bad = sorted(set(self.nccl_algorithms) - {"ring", "tree", "pat", "nvls"})
+        if bad or not self.nccl_algorithms:
+            raise SpecError(f"runtime.comm.nccl_algorithms: {', '.join(bad) or 'empty'}: "
+                            "expected some of ring, tree, pat, nvls")
+        parts = self.nccl_version.split(".")
+        if len(parts) < 2 or not all(p.isdigit() for p in parts):
+            raise SpecError(f"runtime.comm.nccl_version: expected a release like 2.23, got "
+                            f"{self.nccl_version!r}")
         for key, ok, bound in (("op_bw_factor", lambda v: v > 0, "> 0"),
                                ("op_host_us_per_MB", lambda v: v >= 0, ">= 0")):
             for op, f in (getattr(self, key) or {}).items():
