@@ -279,8 +279,10 @@ def validate(scenario: Path | None, published: Path | None, only_set: str | None
 @click.argument("scenario", type=click.Path(dir_okay=False))
 @click.option("--op", type=click.Choice(["all_reduce", "all_gather", "reduce_scatter"]),
               default="all_reduce", show_default=True)
-@click.option("--nodes", type=int, default=None, help="Nodes (default: all of the cluster's).")
-@click.option("--gpus-per-node", type=int, default=None, help="GPUs per node taking part.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Nodes (default: all of the cluster's).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="GPUs per node taking part.")
 @click.option("--min-bytes", default="1M", show_default=True, help="Smallest size (K/M/G).")
 @click.option("--max-bytes", default="8G", show_default=True, help="Largest size (K/M/G).")
 @click.option("--profile", type=click.Path(dir_okay=False), help="A profile merged over it.")
@@ -296,10 +298,14 @@ def collective(scenario: str, op: str, nodes: int | None, gpus_per_node: int | N
     def nbytes(text: str) -> int:
         mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
         try:
-            return int(float(text.rstrip("KMGkmg")) * mult)
-        except ValueError:
+            n = int(float(text.rstrip("KMGkmg")) * mult)
+        except (ValueError, OverflowError):  # OverflowError: 1e400 is an infinity
             raise SpecError(f"--min-bytes/--max-bytes: expected a size like 1M, got {text!r}")\
                 from None
+        if not 1 <= n <= 2**50:
+            raise SpecError(f"--min-bytes/--max-bytes: {text!r} is {n:,} bytes; expected 1 B "
+                            "to 1 PiB")
+        return n
 
     scn = load_scenario(scenario, parse_sets(sets), profile=profile)
     n_nodes = nodes or scn.cluster.nodes

@@ -324,14 +324,24 @@ class Generator:
 
     # -- scenario keys
     def key_case(self) -> Case:
+        """One key mutated (two or three keys in a quarter of the cases: invalid if any is)."""
         name = self.rng.choice(list(self.bases))
-        key = self.rng.choice(self.keys[name])
-        label, value, expect = self.rng.choice(key_mutations(key, self.rng))
         data = copy.deepcopy(self.bases[name])
-        if not mutate_key(data, key, value):
-            expect = VALID  # the mutation did not apply: the base scenario, which is valid
-            label += " (not applicable: base)"
-        return self._case("key", f"{name}: {key.dotted} = {label}", expect,
+        n = 1 if self.rng.random() < 0.75 else self.rng.choice([2, 3])
+        parts, expects = [], []
+        for _ in range(n):
+            key = self.rng.choice(self.keys[name])
+            label, value, expect = self.rng.choice(key_mutations(key, self.rng))
+            if not mutate_key(data, key, value):
+                continue  # the key's parent is absent: nothing changed
+            parts.append(f"{key.dotted} = {label}")
+            expects.append(expect)
+        if not parts:  # no mutation applied: the base scenario, which is valid
+            return self._case("key", f"{name}: unchanged (mutations not applicable)", VALID,
+                              {"s.yaml": _dump(data)})
+        expect = (INVALID if INVALID in expects else VALID if set(expects) == {VALID}
+                  else EITHER)
+        return self._case("key", f"{name}: " + "; ".join(parts), expect,
                           {"s.yaml": _dump(data)})
 
     # -- whole-file YAML pathologies
@@ -504,6 +514,26 @@ class Generator:
             ("scenario missing", ["run", "{dir}/none.yaml", "-q"], INVALID, {}, ()),
             ("scenario a folder", ["run", "{dir}", "-q"], INVALID, {}, ()),
             ("schema", ["schema"], VALID, {}, ()),
+            ("collective", ["collective", "{dir}/s.yaml", "--max-bytes", "16M"], EITHER, {},
+             ()),
+            ("collective --min-bytes abc", ["collective", "{dir}/s.yaml", "--min-bytes", "abc"],
+             INVALID, {}, ()),
+            ("collective --min-bytes 1e400", ["collective", "{dir}/s.yaml", "--min-bytes",
+                                              "1e400"], INVALID, {}, ()),
+            ("collective --min-bytes nan", ["collective", "{dir}/s.yaml", "--min-bytes", "nan"],
+             INVALID, {}, ()),
+            ("collective --min-bytes 0", ["collective", "{dir}/s.yaml", "--min-bytes", "0"],
+             INVALID, {}, ()),
+            ("collective --min-bytes -8", ["collective", "{dir}/s.yaml", "--min-bytes", "-8"],
+             INVALID, {}, ()),
+            ("collective --max-bytes 1e30", ["collective", "{dir}/s.yaml", "--max-bytes",
+                                             "1e30"], INVALID, {}, ()),
+            ("collective --nodes 0", ["collective", "{dir}/s.yaml", "--nodes", "0"], INVALID,
+             {}, ()),
+            ("collective --nodes 10**9", ["collective", "{dir}/s.yaml", "--nodes",
+                                          str(10**9)], INVALID, {}, ()),
+            ("collective --gpus-per-node -1", ["collective", "{dir}/s.yaml", "--gpus-per-node",
+                                               "-1"], INVALID, {}, ()),
             ("calibrate, no inputs", ["calibrate", "{dir}/missing", "--scenario", "{dir}/s.yaml",
                                       "--out", "{dir}/p.yaml"], INVALID, {}, ("p.yaml",
                                                                               "p.json")),
