@@ -314,7 +314,8 @@ class Trainer:
         groups; untraced control messages, not training traffic)."""
         a = self.algo
         limit = a.round_budget_s if self.timed == "budget" else a.round_deadline_s
-        seen = torch.tensor([elapsed_s + next_step_s], dtype=torch.float64)
+        seen = torch.tensor([elapsed_s + next_step_s], dtype=torch.float64,
+                            device=self.placement.device)  # NCCL: on the GPU
         self.tap.enabled = False
         for kind, size in ((SHARD, self.plan.shard), (REPLICATE, self.plan.replicate)):
             if size > 1:
