@@ -124,3 +124,23 @@ def test_variants_and_order_stats_are_byte_identical_across_runs():
             "algorithms.fl_hsdp.outer_optimizer": "nesterov"}
     scn = load_scenario(PAPER, over)
     assert dumps(simulate(scn)[0]) == dumps(simulate(scn)[0])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_round_rules_hold_for_any_step_times(seed):
+    """Random (seeded) step times: a deadline nobody misses is synchronous FedAvg; a budget round
+    never outlasts the budget (plus the aggregation) and a larger budget never takes fewer
+    steps."""
+    rng = np.random.default_rng(seed)
+    groups, slots, budget = int(rng.integers(1, 6)), int(rng.integers(1, 7)), rng.uniform(0.5, 20)
+    local = rng.uniform(0.5, 2.0, size=(groups, 2 * slots))
+    bounds = round_bounds(2 * slots, {slots - 1, 2 * slots - 1})
+    sync_t, sync_c = sync_rounds(local, bounds, 0.3)
+    late_t, late_c = deadline_rounds(local, bounds, 0.3, float(local.sum()) + 1.0)
+    assert late_t == pytest.approx(sync_t)
+    assert [c.tolist() for c in late_c] == [c.tolist() for c in sync_c]
+    table = local.reshape(groups, 2, slots)
+    times, counted = budget_rounds(table, 0.3, budget)
+    assert all(t <= budget + 0.3 + 1e-12 for t in times)
+    _, more = budget_rounds(table, 0.3, budget * 1.5)
+    assert all((m >= c).all() for m, c in zip(more, counted, strict=True))
