@@ -36,6 +36,20 @@ def _internal_error(exc: BaseException) -> None:
     sys.exit(INTERNAL_ERROR)
 
 
+def _finite_or_null(obj: object) -> object:
+    """A report for strict JSON: a number that is not finite (a fit's error with no samples:
+    NaN) becomes null, "not available"."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v) for v in obj]
+    return obj
+
+
 class _Group(click.Group):
     """The error contract: a SpecError (bad input) or a file that cannot be read or written is
     one line and exit status 2; anything else is an internal error: one line naming a log file
@@ -191,7 +205,8 @@ def calibrate(inputs: tuple[Path, ...], scenario: str, out: Path, report: Path |
     write_profile(out, profile, header=f"simfed calibrate for {scn.name} from "
                   + ", ".join(str(i) for i in inputs))
     report = report or out.with_suffix(".json")
-    report.write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    report.write_text(json.dumps(_finite_or_null(rep), indent=2, sort_keys=True,
+                                 allow_nan=False) + "\n", encoding="utf-8")
     for kind, f in rep["fits"].items():
         if not f["n"]:
             click.echo(f"{kind}: {f['note']}")

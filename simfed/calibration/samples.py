@@ -14,6 +14,7 @@ from typing import Any
 from ..spec import node_block_groups, ranks_per_core
 from ..spec.schema import SpecError
 from ..spec.trace import read_trace
+from ..spec.yamlio import MAX_DATA_BYTES, read_text
 
 BENCH_SUMMARY = "bench-summary.json"
 _OP_NAMES = {
@@ -143,15 +144,35 @@ def _bench_instances(group: str, size: int, concurrent: int, nodes: int, per_nod
     return tuple(insts[: max(1, concurrent)])
 
 
+def _malformed_is_bad_input(read):
+    """A reader whose malformed input (a missing field, a wrong type, NaN where a count goes)
+    is a one-line SpecError naming the file, not a traceback."""
+    import functools
+
+    @functools.wraps(read)
+    def wrapper(path: Path, *args):
+        try:
+            return read(path, *args)
+        except SpecError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise SpecError(f"calibrate: {path}: malformed input ({type(exc).__name__}: "
+                            f"{str(exc)[:120]})") from None
+    return wrapper
+
+
+@_malformed_is_bad_input
 def read_bench(path: Path) -> Samples:
     """A realrun bench folder (or its bench-summary.json)."""
     p = path / BENCH_SUMMARY if path.is_dir() else path
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"calibrate: no bench summary at {p}") from None
+    if not p.exists():
+        raise SpecError(f"calibrate: no bench summary at {p}")
+    try:  # a regular file, bounded, UTF-8 (spec.yamlio)
+        data = json.loads(read_text(p, "calibrate", MAX_DATA_BYTES))
     except json.JSONDecodeError as exc:
         raise SpecError(f"calibrate: {p} is not valid JSON (line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"calibrate: {p} is not a bench summary (a JSON object)")
     meta = data.get("meta", {})
     nodes = int(meta.get("nodes", 1))
     per_node = int(meta.get("ranks_per_node", meta.get("world_size", 1)))
@@ -283,6 +304,7 @@ def _drift_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
             for r in rows if r.get("phase") == "drift" and int(r.get("samples", 0)) >= 2]
 
 
+@_malformed_is_bad_input
 def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
     """Collectives from a realrun training trace (cat comm spans with attrs.ranks)."""
     meta, spans = read_trace(path)
@@ -307,11 +329,12 @@ def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
     return out
 
 
+@_malformed_is_bad_input
 def read_chrome(path: Path, gpus_per_node: int) -> Samples:
     """NCCL kernels from a PyTorch profiler Chrome trace: args 'Collective name',
     'In msg nelems' / 'Out msg nelems', 'dtype', 'Group size', 'Process Group Ranks'."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path, "calibrate", MAX_DATA_BYTES))
     except json.JSONDecodeError as exc:
         raise SpecError(f"calibrate: {path} is not valid JSON (line {exc.lineno})") from None
     events = data.get("traceEvents", data) if isinstance(data, dict) else data

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .schema import SpecError
+from .yamlio import MAX_DATA_BYTES, read_text
 
 TRACE_SCHEMA = "simfed-trace"
 TRACE_VERSION = 1
@@ -120,19 +121,23 @@ def write_trace(path: str | Path, meta: dict[str, Any], spans: Iterable[Span]) -
 def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
     """Yield the header's meta dict first, then spans. A torn final line is skipped."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except FileNotFoundError:
-        raise SpecError(f"trace not found: {path}") from None
+    if not path.exists():
+        raise SpecError(f"trace not found: {path}")
+    lines = read_text(path, "trace", MAX_DATA_BYTES).split("\n")  # regular, bounded, UTF-8
     if not lines or not lines[0].strip():
         raise SpecError(f"{path}: empty trace file (no header line)")
     try:
         head = json.loads(lines[0])
     except json.JSONDecodeError:
         raise SpecError(f"{path}:1: the header is not JSON") from None
+    if not isinstance(head, dict):
+        raise SpecError(f"{path}:1: the header is not a JSON object")
     if head.get("schema") != TRACE_SCHEMA:
         raise SpecError(f"{path}:1: schema is {head.get('schema')!r}, expected {TRACE_SCHEMA!r}")
-    if int(head.get("version", 0)) > TRACE_VERSION:
+    version = head.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise SpecError(f"{path}:1: version {version!r} is not an integer")
+    if version > TRACE_VERSION:
         raise SpecError(f"{path}:1: trace version {head.get('version')} is newer than "
                         f"{TRACE_VERSION}")
     yield dict(head.get("meta") or {})
@@ -147,6 +152,8 @@ def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
             if i == last:  # torn by a crash mid-write
                 return
             raise SpecError(f"{path}:{i + 2}: not JSON") from None
+        if not isinstance(d, dict):
+            raise SpecError(f"{path}:{i + 2}: not a JSON object")
         yield Span.from_dict(d, f"{path}:{i + 2}")
 
 

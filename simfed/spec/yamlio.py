@@ -32,6 +32,7 @@ from .schema import SpecError
 MAX_FILE_BYTES = 4 * 2**20
 MAX_DEPTH = 64
 MAX_NODES = 200_000
+MAX_DATA_BYTES = 2 * 2**30  # measurements read as text (traces, bench summaries)
 
 
 class _Refused(yaml.YAMLError):
@@ -136,8 +137,9 @@ def parse_yaml(text: str, source: str) -> Any:
     return data
 
 
-def read_text(path: Path, where: str) -> str:
-    """A configuration file's text: a regular file, at most MAX_FILE_BYTES, UTF-8."""
+def read_text(path: Path, where: str, limit: int = MAX_FILE_BYTES) -> str:
+    """A file's text: a regular file, at most `limit` bytes (configuration: MAX_FILE_BYTES;
+    measurements: MAX_DATA_BYTES), UTF-8."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -145,19 +147,19 @@ def read_text(path: Path, where: str) -> str:
     except OSError as exc:
         raise SpecError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
     if stat.S_ISDIR(st.st_mode):
-        raise SpecError(f"{where}: {path} is a directory, not a YAML file")
+        raise SpecError(f"{where}: {path} is a directory, not a file")
     if not stat.S_ISREG(st.st_mode):
         raise SpecError(f"{where}: {path} is not a regular file (a device, FIFO or socket)")
-    if st.st_size > MAX_FILE_BYTES:
+    if st.st_size > limit:
         raise SpecError(f"{where}: {path} is {st.st_size:,} bytes; the limit is "
-                        f"{MAX_FILE_BYTES:,}")
+                        f"{limit:,}")
     try:
         with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+            raw = f.read(limit + 1)
     except OSError as exc:
         raise SpecError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise SpecError(f"{where}: {path} is larger than the limit of {MAX_FILE_BYTES:,} bytes")
+    if len(raw) > limit:
+        raise SpecError(f"{where}: {path} is larger than the limit of {limit:,} bytes")
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise SpecError(f"{where}: {path} is UTF-16 (it starts with a UTF-16 byte-order mark); "
                         "save it as UTF-8")

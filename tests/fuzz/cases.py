@@ -537,6 +537,19 @@ class Generator:
             ("calibrate, no inputs", ["calibrate", "{dir}/missing", "--scenario", "{dir}/s.yaml",
                                       "--out", "{dir}/p.yaml"], INVALID, {}, ("p.yaml",
                                                                               "p.json")),
+            ("calibrate a UTF-16 trace", _cal("t.json", "{}".encode("utf-16")), INVALID,
+             {"t.json": "{}".encode("utf-16")}, _CAL_OUT),
+            ("calibrate a garbage .jsonl", _cal("t.jsonl", b""), INVALID,
+             {"t.jsonl": b"garbage\n{]\n"}, _CAL_OUT),
+            ("calibrate a .jsonl with a list header", _cal("t.jsonl", b""), INVALID,
+             {"t.jsonl": b"[1, 2]\n"}, _CAL_OUT),
+            ("calibrate a bench summary that is a list", _cal("b/bench-summary.json", b""),
+             INVALID, {"b/bench-summary.json": b"[1]"}, _CAL_OUT),
+            ("calibrate a Chrome trace of garbage events", _cal("t.json", b""), EITHER,
+             {"t.json": b'{"traceEvents": [{"ph": "X", "args": {"Collective name": 3}}, 7]}'},
+             _CAL_OUT),
+            ("calibrate a bench summary with NaN", _cal("b/bench-summary.json", b""), EITHER,
+             {"b/bench-summary.json": b'{"meta": {"nodes": NaN}, "cases": [NaN]}'}, _CAL_OUT),
             ("calibrate --out under a file", ["calibrate", "{dir}/s.yaml", "--scenario",
                                               "{dir}/s.yaml", "--out", "{dir}/blocker/p.yaml"],
              INVALID, blocker, ()),
@@ -578,6 +591,16 @@ class Generator:
         makers = [m for m, _ in families]
         weights = [w for _, w in families]
         return [self.rng.choices(makers, weights)[0]() for _ in range(n)]
+
+
+_CAL_OUT = ("p.yaml", "p.json")
+
+
+def _cal(name: str, _content: bytes) -> list[str]:
+    """`simfed calibrate` of one input file of the case folder."""
+    target = name.split("/")[0] if "/" in name else name
+    return ["calibrate", "{dir}/" + target, "--scenario", "{dir}/s.yaml", "--out",
+            "{dir}/p.yaml"]
 
 
 def _bomb() -> str:
