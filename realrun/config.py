@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from simfed.spec import AlgorithmSpec, Scenario, SpecError
+from simfed.spec.yamlio import parse_yaml
 
 from .errors import RealrunError
 
@@ -20,10 +19,7 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise RealrunError(f"--set {item!r}: expected KEY=VALUE, e.g. training.steps=8")
-        try:
-            out[key] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise RealrunError(f"--set {item!r}: the value is not valid YAML") from None
+        out[key] = parse_yaml(value, f"--set {key}")  # bounded: simfed.spec.yamlio
     return out
 
 

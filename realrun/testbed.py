@@ -729,14 +729,14 @@ def testbed_status(prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
 
 
 def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
-    import yaml
+    from simfed.spec.yamlio import parse_yaml
 
     out: dict[str, Any] = {}
     for item in sets:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise click.UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. cluster.nodes=4")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = parse_yaml(value, f"--set {key.strip()}")  # bounded
     return out
 
 
