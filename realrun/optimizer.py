@@ -8,22 +8,17 @@ as in the paper). LR schedule as in the paper's code: linear warm-up from 0 at s
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from simfed.spec import TrainingSpec
+from simfed.spec import lr_factor as schedule_factor
 
 
 def lr_factor(step: int, t: TrainingSpec) -> float:
-    """Multiplier of training.lr at optimizer step `step` (0-based)."""
-    if step < t.warmup_steps:
-        return step / t.warmup_steps
-    if t.lr_schedule == "constant":
-        return 1.0
-    span = max(1, t.steps - t.warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * (step - t.warmup_steps) / span))
+    """Multiplier of training.lr at optimizer step `step` (0-based): `simfed.spec.lr_factor`."""
+    return schedule_factor(step, steps=t.steps, warmup_steps=t.warmup_steps,
+                           schedule=t.lr_schedule)
 
 
 def build_optimizer(model: nn.Module, t: TrainingSpec, device: torch.device

@@ -14,8 +14,8 @@ Two models, chosen by `runtime.compute.model`:
   - fused (flash) attention: its FLOPs (causal half) at `attention_efficiency_forward/backward`.
   - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k,
     the MLP activation, two residual adds per layer; embedding gather, final norm and
-    cross-entropy over the logits on the root unit; FSDP's copy of each unsharded gradient
-    into its flat buffer before the reduce-scatter. Backward moves about twice the forward's
+    cross-entropy over the logits on the root unit; FSDP1's cast of each unsharded gradient to
+    the reduce dtype and its in-place pre-division before the reduce-scatter. Backward moves about twice the forward's
     bytes (reads the saved input and the output gradient, writes the input gradient).
   - a fixed `kernel_gap_us` between consecutive kernels (launch and tail effects).
   Recompute under activation checkpointing re-runs a checkpointed layer's forward kernels.
@@ -52,6 +52,7 @@ class ComputeModel:
     seq_len: int = 0
     attention: str = "flash"  # flash | eager
     cross_entropy: str = "pytorch"  # pytorch | fused
+    reduce_nbytes: int = 0  # gradient reduce dtype's bytes (0: the model dtype's)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -180,9 +181,19 @@ class ComputeModel:
                      "mlp activation": t * act_elems * p, "residual add x2": 2 * 3 * t * d * p}
         for name, b in fwd_bytes.items():
             ks.append(self.memory_bound(name, b * (2.0 if bwd else 1.0)))
-        if bwd:  # FSDP copies the unsharded gradient into its flat buffer (read + write)
-            ks.append(self.memory_bound("fsdp grad copy", 2.0 * unit.nbytes))
+        if bwd:
+            ks.append(self.fsdp_grad_kernel(unit))
         return ks
+
+    def fsdp_grad_kernel(self, unit: UnitSpec) -> Kernel:
+        """FSDP1's post-backward hook on the unsharded gradient (torch/distributed/fsdp/
+        _runtime_utils.py): a cast to the reduce dtype when it differs from the parameters'
+        (`flat_param.grad.to(handle._reduce_dtype)`: read p, write r bytes per parameter), then
+        `_div_if_needed(padded_unsharded_grad, predivide)` in place (read and write r)."""
+        p = self.model.dtype_nbytes if self.model else 2
+        r = self.reduce_nbytes or p
+        per_param = (p + r if r != p else 0) + 2 * r
+        return self.memory_bound("fsdp grad cast+predivide", float(unit.params * per_param))
 
     def _root_kernels(self, unit: UnitSpec, direction: str) -> list[Kernel]:
         mdl = self.model
@@ -203,5 +214,5 @@ class ComputeModel:
             ce = t * v * (p + 12) if not bwd else t * v * (4 + 4 + 4 + p)
         ks.append(self.memory_bound("cross-entropy", float(ce)))
         if bwd:
-            ks.append(self.memory_bound("fsdp grad copy", 2.0 * unit.nbytes))
+            ks.append(self.fsdp_grad_kernel(unit))
         return ks

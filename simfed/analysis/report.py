@@ -4,6 +4,7 @@ algorithm beats another; plus deterministic JSON and trace files."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,44 @@ def results_table(out: dict[str, Any]) -> Table:
         lambda a: f"{a['peak_memory_bytes'] / 2**30:.1f} GiB"
         + ("" if a["fits"] else " (DOES NOT FIT)"))
     row("epoch (data set) time", lambda a: fmt_s(a["epoch_time_s"]))
+    conv = out.get("convergence")
+    if conv:
+        row("final eval perplexity [p10, p90]", lambda a: _ppl_band(a["convergence"]))
+    if conv and conv.get("target_loss") is not None:
+        row(f"steps to ppl {conv['target_perplexity']:.4g}",
+            lambda a: "not reached" if a["steps_to_target"] is None else
+            f"{a['steps_to_target']:,}")
+        row("time to target [p10, p90]", _time_band)
     return t
+
+
+def _ppl_band(c: dict[str, Any]) -> str:
+    lo, hi = (math.exp(v) for v in c["loss_final_interval"])
+    return f"{c['perplexity_final']:.4g} [{lo:.4g}, {hi:.4g}]"
+
+
+def _time_band(a: dict[str, Any]) -> str:
+    if a["time_to_target_s"] is None:
+        return "not reached"
+    lo, hi = a["time_to_target_interval_s"]
+    return (f"{fmt_s(a['time_to_target_s'])} [{fmt_s(lo) if lo is not None else '-'}, "
+            f"{fmt_s(hi) if hi is not None else 'not reached'}]")
+
+
+def convergence_lines(out: dict[str, Any]) -> list[str]:
+    """Which algorithm reaches the target first, and every extrapolation of the profile."""
+    conv = out.get("convergence")
+    if not conv:
+        return []
+    lines = []
+    if conv.get("target_loss") is not None:
+        first = conv["first_to_target"]
+        lines.append(f"time to eval perplexity {conv['target_perplexity']:.4g}: "
+                     + (f"{first} reaches it first" if first else "no algorithm reaches it "
+                        "within the run's steps"))
+    for e in conv["extrapolation"]:
+        lines.append(f"convergence EXTRAPOLATION: {e}")
+    return lines
 
 
 def explain(out: dict[str, Any]) -> list[str]:
@@ -103,7 +141,7 @@ def explain(out: dict[str, Any]) -> list[str]:
 def print_report(out: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     console.print(results_table(out))
-    for line in explain(out):
+    for line in explain(out) + convergence_lines(out):
         console.print("  " + line, highlight=False)
 
 

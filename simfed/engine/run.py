@@ -55,7 +55,8 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     tokens_gpu = train.micro_batch * train.seq_len
     cm = ComputeModel(hw=hw, rt=scn.runtime.compute, tokens_per_gpu=tokens_gpu, model=model,
                       seq_len=train.seq_len, attention=train.attention,
-                      cross_entropy=train.cross_entropy)
+                      cross_entropy=train.cross_entropy,
+                      reduce_nbytes=dtype_nbytes(train.reduce_dtype or model.dtype))
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
     rt = scn.runtime.compute

@@ -20,6 +20,7 @@ from .scenario import (
     ranks_per_core,
     scenario_from_dict,
 )
+from .schedule import lr_factor
 from .schema import SpecError, to_plain
 from .trace import (
     PHASES,
@@ -33,10 +34,37 @@ from .trace import (
 )
 
 __all__ = [
-    "ALGORITHMS", "FED", "PG_KINDS", "PHASES", "REPLICATE", "SHARD", "AlgorithmInfo",
-    "AlgorithmSpec", "ClusterSpec", "DataSpec", "ModelSpec", "ParallelPlan", "RuntimeSpec",
-    "Scenario", "Span", "SpecError", "StragglerSpec", "TraceWriter", "TrainingSpec", "UnitSpec",
-    "algorithm_info", "load_scenario", "load_scenario_data", "node_block_groups", "ranks_per_core",
-    "read_trace", "scenario_from_dict",
-    "to_chrome", "to_plain", "wall_step_times", "write_chrome", "write_trace",
+    "ALGORITHMS",
+    "FED",
+    "PG_KINDS",
+    "PHASES",
+    "REPLICATE",
+    "SHARD",
+    "AlgorithmInfo",
+    "AlgorithmSpec",
+    "ClusterSpec",
+    "DataSpec",
+    "ModelSpec",
+    "ParallelPlan",
+    "RuntimeSpec",
+    "Scenario",
+    "Span",
+    "SpecError",
+    "StragglerSpec",
+    "TraceWriter",
+    "TrainingSpec",
+    "UnitSpec",
+    "algorithm_info",
+    "load_scenario",
+    "load_scenario_data",
+    "lr_factor",
+    "node_block_groups",
+    "ranks_per_core",
+    "read_trace",
+    "scenario_from_dict",
+    "to_chrome",
+    "to_plain",
+    "wall_step_times",
+    "write_chrome",
+    "write_trace",
 ]
