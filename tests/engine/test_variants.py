@@ -144,3 +144,17 @@ def test_round_rules_hold_for_any_step_times(seed):
     assert all(t <= budget + 0.3 + 1e-12 for t in times)
     _, more = budget_rounds(table, 0.3, budget * 1.5)
     assert all((m >= c).all() for m, c in zip(more, counted, strict=True))
+
+
+def test_cli_bad_budget_exits_2_with_one_line():
+    from click.testing import CliRunner
+
+    from simfed.cli import main
+
+    res = CliRunner().invoke(main, ["run", str(PAPER), "-q", "-a", "fl_fsdp",
+                                    "--set", "training.steps=8",
+                                    "--set", "algorithms.fl_fsdp.round_budget_s=0.2"])
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: algorithms.fl_fsdp.round_budget_s: 0.2 s is shorter than one local step")
