@@ -71,6 +71,29 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def collective_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
+    """Published NCCL bus bandwidths (`collectives.yaml`) against the NCCL model's."""
+    from ..collectives.nccl import bus_factor, nccl_model
+    from ..hardware import Hardware
+    from ..spec import load_scenario
+
+    path = folder / "collectives.yaml"
+    if not path.is_file():
+        return []
+    rows = []
+    for c in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("cases") or []:
+        scn = load_scenario(folder / c["scenario"])
+        model = nccl_model(Hardware.from_spec(scn.cluster, scn.runtime), scn.runtime.comm)
+        n = c["nodes"] * c["gpus_per_node"]
+        ch = model.best(c["op"], c["nbytes"], n, c["nodes"])
+        busbw = c["nbytes"] / ch.time_s * bus_factor(c["op"], n) / 1e9
+        rows.append({"name": c["name"], "algorithm": f"{ch.algorithm}/{ch.protocol}",
+                     "published_GBps": float(c["published_busbw_GBps"]),
+                     "predicted_GBps": busbw,
+                     "error": busbw / float(c["published_busbw_GBps"]) - 1.0})
+    return rows
+
+
 def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = None,
                        overrides: dict[str, Any] | None = None,
                        echo: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -83,7 +106,8 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
             echo(f"  {row['name']}: published {row['published']:,.0f}, predicted "
                  f"{row['predicted']:,.0f} ({100 * row['error']:+.1f}%)")
         rows.append(row)
-    return {"folder": str(folder), "cases": rows, "summary": summarise(rows)}
+    return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
+            "collectives": collective_cases(folder)}
 
 
 def print_published(res: dict[str, Any], console: Any) -> None:
@@ -98,6 +122,10 @@ def print_published(res: dict[str, Any], console: Any) -> None:
         t.add_row(r["name"], r["set"], str(r["gpus"]), f"{r['published']:,.0f}",
                   f"{r['predicted']:,.0f}", f"{100 * r['error']:+.1f}%", f"{r['mfu']:.3f}", mem)
     console.print(t)
+    for c in res.get("collectives", []):
+        console.print(f"  collective {c['name']}: published {c['published_GBps']:.0f} GB/s bus "
+                      f"bandwidth, NCCL model {c['predicted_GBps']:.0f} ({c['algorithm']}, "
+                      f"{100 * c['error']:+.1f}%)", highlight=False)
     for name, s in res["summary"].items():
         console.print(f"  {name}: median |error| {100 * s['median_abs_error']:.1f}% over "
                       f"{s['cases']} cases; worst {s['worst']['name']} "
