@@ -55,6 +55,7 @@ from typing import Any
 import click
 
 from .spec import SpecError
+from .spec.scenario import LABEL_RE
 from .spec.yamlio import parse_yaml, read_yaml
 
 SWEEP_KEY = "sweep"
@@ -264,7 +265,11 @@ def load_sweep_file(path: str | Path) -> SweepSpec:
     algs = sw.get("algorithms") or []
     if isinstance(algs, str):
         algs = [algs]
-    return SweepSpec(scenario=str(scenario), name=str(sw.get("name") or p.stem), sets=sets,
+    name = str(sw.get("name") or p.stem)
+    if not LABEL_RE.fullmatch(name) or ".." in name:  # it names the sweep's output files
+        raise SpecError(f"{p}: sweep.name: {name!r} is not a name (letters, digits, space, "
+                        "+ . _ ( ) -, no '..')")
+    return SweepSpec(scenario=str(scenario), name=name, sets=sets,
                      axes=tuple(axes), algorithms=tuple(map(str, algs)))
 
 

@@ -78,3 +78,11 @@ def test_json_output_is_strict(tmp_path):
     res = _run("run", CPU4, "-q", "--json", str(out))
     assert res.exit_code == 0, res.output
     json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+def test_a_sweep_name_is_a_name_not_a_path(tmp_path):
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(f"sweep:\n  scenario: {CPU4}\n  name: ../escape\n"
+                     "  vary: {training.steps: [2, 3]}\n")
+    _one_line_error(_run("sweep", str(sweep), "--out", str(tmp_path / "o")), "sweep.name")
+    assert not (tmp_path / "escape.csv").exists()

@@ -705,8 +705,17 @@ class Scenario:
             except SpecError as exc:
                 raise SpecError(f"{where}: {exc}") from None
 
+        seen: dict[str, int] = {}
         for i, shape in enumerate(v.shapes):
             where = f"validation.shapes[{i}]"
+            if not LABEL_RE.fullmatch(shape.name) or ".." in shape.name:
+                raise SpecError(f"{where}.name: {shape.name!r} is not a name (letters, digits, "
+                                "space, + . _ ( ) -, at most 64, no '..'); it names the shape's "
+                                "run folder")
+            if shape.name in seen:
+                raise SpecError(f"{where}.name: {shape.name!r} is also validation.shapes"
+                                f"[{seen[shape.name]}]'s name (each shape has its run folder)")
+            seen[shape.name] = i
             scn = variant(shape.set, f"{where}.set") if shape.set else self
             for j, name in enumerate(shape.algorithms):
                 try:
