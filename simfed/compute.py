@@ -15,8 +15,9 @@ Two models, chosen by `runtime.compute.model`:
   - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k,
     the MLP activation, two residual adds per layer; embedding gather, final norm and
     cross-entropy over the logits on the root unit; FSDP1's cast of each unsharded gradient to
-    the reduce dtype and its in-place pre-division before the reduce-scatter. Backward moves about twice the forward's
-    bytes (reads the saved input and the output gradient, writes the input gradient).
+    the reduce dtype and its in-place pre-division before the reduce-scatter. Backward moves
+    about twice the forward's bytes (reads the saved input and the output gradient, writes the
+    input gradient).
   - a fixed `kernel_gap_us` between consecutive kernels (launch and tail effects).
   Recompute under activation checkpointing re-runs a checkpointed layer's forward kernels.
 The optimizer step reads and writes its state at HBM bandwidth (both models).
