@@ -242,9 +242,14 @@ def key_mutations(key: Key, rng: random.Random) -> list[tuple[str, Any, str]]:
         for c in key.meta["choices"]:
             out.append((f"choice {c}", c, EITHER))
     if k == "str":
-        out.append(("empty string", "", EITHER))
-        out.append(("a long string", "x" * 5000, EITHER))
-        out.append(("path-like string", "../../etc/passwd", EITHER))
+        # labels and shape names name files: they must be names (the contract)
+        names_a_file = key.name == "label" or bool(
+            re.fullmatch(r"validation\.shapes\[\d+\]\.name", key.dotted))
+        bad_name = INVALID if names_a_file else EITHER
+        out.append(("empty string", "", INVALID if key.name == "name" and names_a_file
+                    else EITHER))
+        out.append(("a long string", "x" * 5000, bad_name))
+        out.append(("path-like string", "../../etc/passwd", bad_name))
     if k == "bool":
         out.append(("off (bare)", "off", INVALID))
     scalar = k in ("int", "float", "str", "choice", "bool")
@@ -555,6 +560,9 @@ class Generator:
              INVALID, blocker, ()),
             ("sweep of a bad key", ["sweep", "{dir}/s.yaml", "--vary", "cluster.nodez=1,2",
                                     "--out", "{dir}/sw"], EITHER, {}, ("sw",)),
+            ("sweep file named ../x", ["sweep", "{dir}/sw.yaml", "--out", "{dir}/o"], INVALID,
+             {"sw.yaml": b"sweep:\n  scenario: s.yaml\n  name: ../x\n"
+              b"  vary: {training.steps: [2, 3]}\n"}, ("o",)),
             ("sweep of NaN", ["sweep", "{dir}/s.yaml", "--vary", "training.lr=.nan,1e400",
                               "--out", "{dir}/sw"], EITHER, {}, ("sw",)),
         ]
