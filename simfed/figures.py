@@ -73,7 +73,7 @@ class _Maker:
 
 
 FIGURE_GROUPS = ("gpus", "heatmap", "phases", "gantt", "stragglers", "validation",
-                 "perplexity")
+                 "perplexity", "convergence")
 
 
 def straggler_rows(scenario: Path, *, nodes: tuple[int, ...] = STRAGGLER_NODES,
@@ -273,7 +273,30 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
     elif "perplexity" in todo:
         echo(f"note: no {results_dir / 'realrun'}/*/summary.json: skipping perplexity-vs-time "
              "(run realrun run first)")
+    if "convergence" in todo:
+        _convergence_figures(m, scenario, results_dir, echo)
     return m.written
+
+
+def _convergence_figures(m: _Maker, scenario: Path, results_dir: Path,
+                         echo: Callable[[str], Any]) -> None:
+    """Predicted perplexity vs time for SCENARIO-time-to-target.yaml (next to the scenario),
+    and the measured FL grid of every convergence study in RESULTS/convergence."""
+    import json
+
+    from .engine import simulate
+    from .plots import plot_fl_grid, plot_time_to_target
+    from .spec import load_scenario
+
+    ttt = scenario.with_name(f"{scenario.stem}-time-to-target.yaml")
+    if ttt.exists():
+        out, _ = simulate(load_scenario(ttt))
+        m.save(plot_time_to_target(out), f"{scenario.stem}_perplexity_vs_time_to_target")
+    else:
+        echo(f"note: {ttt} not found: skipping the time-to-target figure")
+    for study in sorted((results_dir / "convergence").glob("*.json")):
+        m.save(plot_fl_grid(json.loads(study.read_text(encoding="utf-8"))),
+               f"convergence_{study.stem}_fl_grid")
 
 
 @click.command("figures")

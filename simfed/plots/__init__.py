@@ -14,9 +14,11 @@ _WHERE = {
     "plot_heatmap": "heatmap",
     "load_summaries": "perplexity",
     "plot_perplexity": "perplexity",
+    "plot_fl_grid": "convergence",
     "plot_phases": "phases",
     "plot_scaling": "scaling",
     "plot_stragglers": "stragglers",
+    "plot_time_to_target": "convergence",
     "plot_validation": "validation",
 }
 __all__ = sorted(_WHERE)

@@ -1,0 +1,95 @@
+"""Convergence figures: predicted evaluation perplexity against simulated wall-clock time for a
+scenario's algorithms, with the p10..p90 band (the paper's kind of figure); and the measured
+final evaluation loss of the convergence study's FL grid against the number of groups."""
+
+from __future__ import annotations
+
+import math
+from itertools import accumulate
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from ..spec import SpecError
+from .common import algorithm_color, new_figure
+
+
+def plot_time_to_target(out: dict[str, Any]) -> Figure:
+    """`simfed run` result of a scenario with a `convergence:` section."""
+    conv = out.get("convergence")
+    if not conv:
+        raise SpecError("plot: the result has no convergence prediction (the scenario needs a "
+                        "convergence: section)")
+    fig = new_figure(8.0, 4.8)
+    ax = fig.add_subplot()
+    for i, a in enumerate(out["algorithms"]):
+        c = a["convergence"]
+        times = [0.0, *accumulate(a["step_times_s"])]
+        n = min(len(times), len(c["loss_curve"]))
+        t = times[:n]
+        color = algorithm_color(a["name"], i)
+        ax.plot(t, [math.exp(v) for v in c["loss_curve"][:n]], color=color, label=a["label"])
+        ax.fill_between(t, [math.exp(v) for v in c["loss_curve_p10"][:n]],
+                        [math.exp(v) for v in c["loss_curve_p90"][:n]], color=color, alpha=0.18,
+                        linewidth=0)
+        if a.get("time_to_target_s") is not None:
+            ax.plot([a["time_to_target_s"]], [conv["target_perplexity"]], marker="o",
+                    color=color)
+    if conv.get("target_perplexity"):
+        ax.axhline(conv["target_perplexity"], color="#555555", linestyle=":", linewidth=1,
+                   label=f"target {conv['target_perplexity']:.4g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("simulated wall-clock time (s)")
+    ax.set_ylabel("predicted eval perplexity")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    title = f"{out['scenario']}: predicted eval perplexity vs time (band p10..p90)"
+    if conv["extrapolation"]:
+        title += f"\nEXTRAPOLATED: {conv['extrapolation'][0]}"
+        if len(conv["extrapolation"]) > 1:
+            title += f" (+{len(conv['extrapolation']) - 1} more)"
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def plot_fl_grid(study: dict[str, Any]) -> Figure:
+    """Measured final evaluation loss (mean over seeds) against the number of groups: FL+FSDP
+    per K at a fixed per-group batch, FSDP on the union of the groups' batches."""
+    lr = study["recipe"]["paper_lr"]
+    runs = [r for r in study["runs"] if math.isclose(r["lr"], lr)]
+    per_group = study["ranks_per_group"] * study["micro_batch"]
+    fig = new_figure(7.5, 4.5)
+    ax = fig.add_subplot()
+
+    def mean_final(rs: list[dict[str, Any]]) -> float:
+        return sum(r["eval_loss"][-1] for r in rs) / len(rs)
+
+    sync: dict[int, list] = {}
+    for r in runs:
+        if r["algorithm"] == "fsdp" and r["batch_per_model"] % per_group == 0:
+            sync.setdefault(r["batch_per_model"] // per_group, []).append(r)
+    gs = sorted(sync)
+    ax.plot(gs, [mean_final(sync[g]) for g in gs], color="#4c72b0", marker="o",
+            label=f"FSDP, {per_group} x G sequences per step")
+    ks = sorted({r["aggregate_every"] for r in runs if r["algorithm"] == "fl_fsdp"})
+    for j, k in enumerate(ks):
+        by_g: dict[int, list] = {}
+        for r in runs:
+            if r["algorithm"] == "fl_fsdp" and r["aggregate_every"] == k:
+                by_g.setdefault(r["groups"], []).append(r)
+        xs = sorted(by_g)
+        ax.plot(xs, [mean_final(by_g[g]) for g in xs], marker="^", linestyle="--",
+                color=("#2a9d5c", "#67c08b", "#a3d9b5", "#c44e52", "#8172b3")[j % 5],
+                label=f"FL+FSDP, K = {k}, {per_group} sequences per group")
+    if 1 in sync:
+        ax.axhline(mean_final(sync[1]), color="#8c8c8c", linestyle=":", linewidth=1,
+                   label="one group alone")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("federation groups G (FSDP: batch in units of one group's)")
+    ax.set_ylabel(f"eval loss after {runs[0]['steps']} steps (nats)")
+    seeds = len({r["seed"] for r in runs})
+    ax.set_title(f"{study['experiment']}: {study['model']['name']}, {study['data']['source']}"
+                 f", lr {lr:g} ({seeds} seed{'s' if seeds > 1 else ''})", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
