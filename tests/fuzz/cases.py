@@ -334,8 +334,13 @@ class Generator:
         data = copy.deepcopy(self.bases[name])
         n = 1 if self.rng.random() < 0.75 else self.rng.choice([2, 3])
         parts, expects = [], []
-        for _ in range(n):
-            key = self.rng.choice(self.keys[name])
+        chosen: list[Key] = []
+        for key in self.rng.sample(self.keys[name], n):
+            # distinct keys, none inside another (a later mutation would hide an earlier one)
+            if any(key.path[:len(c.path)] == c.path or c.path[:len(key.path)] == key.path
+                   for c in chosen):
+                continue
+            chosen.append(key)
             label, value, expect = self.rng.choice(key_mutations(key, self.rng))
             if not mutate_key(data, key, value):
                 continue  # the key's parent is absent: nothing changed
