@@ -145,6 +145,39 @@ def converge_study_command(out: Path, only: tuple[str, ...], seeds: str, quick: 
         click.echo(f"wrote {path}")
 
 
+@main.command("converge-bench")
+@click.option("--groups", type=int, default=128, show_default=True,
+              help="federation groups of the FL+FSDP case (one node of 4 ranks each)")
+@click.option("--steps", type=int, default=8, show_default=True)
+def converge_bench_command(groups: int, steps: int) -> None:
+    """How fast the emulator runs G federation groups: FL+FSDP with G groups of 4 sequences
+    against one FSDP model on the same 4 x G sequences per step (the same FLOPs), best of 2."""
+    import time
+
+    from simfed.spec import load_scenario
+
+    from .converge import emulate
+    from .convergence_study import BASE
+    from .data import load_corpus
+
+    if groups < 2 or steps < 1:
+        raise RealrunError(f"--groups must be >= 2 and --steps >= 1, got {groups}, {steps}")
+    sc = load_scenario(BASE, {"cluster.nodes": groups, "training.steps": steps,
+                              "training.eval_sequences": 8})
+    corpus = load_corpus(sc, BASE)
+    best = {}
+    for name in ("fsdp", "fl_fsdp", "fsdp", "fl_fsdp"):
+        t0 = time.perf_counter()
+        emulate(sc, sc.algorithm(name), corpus, keep_group_losses=False)
+        best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+    seqs = 4 * groups * steps
+    click.echo(f"FSDP, 1 model x {4 * groups} sequences: {best['fsdp']:.2f} s "
+               f"({seqs / best['fsdp']:.0f} sequences/s)")
+    click.echo(f"FL+FSDP, {groups} models x 4 sequences: {best['fl_fsdp']:.2f} s "
+               f"({seqs / best['fl_fsdp']:.0f} sequences/s)")
+    click.echo(f"FL+FSDP / FSDP time: {best['fl_fsdp'] / best['fsdp']:.2f}x (goal <= 1.5x)")
+
+
 def _register_optional() -> None:
     """`bench` and `testbed` live in modules another part of the project provides."""
     try:

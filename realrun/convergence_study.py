@@ -15,8 +15,9 @@ Experiments (each run for every seed; the grid is data, below):
   G in {2, 8, 32, 128} and K in {1, 2, 8, 32} (G = 1 is FSDP at 4 sequences: the batch sweep);
 - lr sweep (the tuned recipe): FSDP at 512 sequences and FL+FSDP at G = 128, K = 8 for
   lr in {1e-3, 3e-3, 1e-2} besides the paper's 3e-4;
-- the same on a natural-language corpus (the King James Bible, byte-level) and with a second
-  model size, on reduced grids.
+- the same on a natural-language corpus (the King James Bible, byte-level; the batch sweep and
+  the FL grid reduced to G in {8, 32, 128}, K in {1, 2, 8, 32} for G = 32) and with a second
+  model size (4 layers, hidden 128; reduced grid, no held-out configurations).
 A file that already holds a run (same experiment, configuration and seed) is not run again, so
 an interrupted study resumes; every run is written as soon as it ends (atomically).
 """
@@ -103,7 +104,10 @@ EXPERIMENTS = (
         "kjv-tiny", "tiny Llama, the King James Bible (bytes): reduced batch sweep and FL grid, "
         "lr sweep",
         base={"data.source": "kjv"},
-        points=(*batch_sweep((1, 8, 32, 128)), *fl_grid((8, 128), (1, 8, 32)), *lr_sweep()),
+        points=(*batch_sweep((1, 8, 32, 128)), *fl_grid((8, 128), (1, 8, 32)), *lr_sweep(),
+                # the held-out configurations of simfed.convergence.fit (G = 32, K = 2, FSDP at
+                # 16 and 64 sequences), so that this data set has a check set too
+                *batch_sweep((4, 16)), *fl_grid((32,), (1, 2, 8, 32)), *fl_grid((8, 128), (2,))),
     ),
     Experiment(
         "synthetic-small", "small Llama (4 layers, hidden 128), synthetic corpus: reduced batch "
