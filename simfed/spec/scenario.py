@@ -580,11 +580,6 @@ class StragglerSpec:
         doc="order_stats: the run's pace from the order statistics of the factor table (the "
         "slowest shard group per step, the slowest federation group per FedAvg round), fast "
         "at any size; per_rank: every distinct rank simulated (the exact reference)")
-    method: str = param(
-        "order_stats", choices=("order_stats", "per_rank"),
-        doc="order_stats: the run's pace from the order statistics of the factor table (the "
-        "slowest shard group per step, the slowest federation group per FedAvg round), fast "
-        "at any size; per_rank: every distinct rank simulated (the exact reference)")
 
     @property
     def any(self) -> bool:
@@ -627,6 +622,39 @@ class ValidationSpec:
 
 
 # ---------------------------------------------------------------------------------------------
+# convergence (time to a target loss; simfed.convergence)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvergenceSpec:
+    model: str = param(
+        "none", choices=("none", "noise_progress"),
+        doc="convergence model (simfed.convergence): none, or noise_progress (loss as a power "
+        "law in progress; each step's progress scaled by its batch's statistical efficiency)")
+    target_loss: float = param(0.0, ge=0, doc="evaluation loss (nats/token) to reach; 0 = none")
+    target_perplexity: float = param(0.0, ge=0, doc="... or evaluation perplexity; 0 = none")
+    profile: dict[str, Any] = param(
+        None, doc="the fitted profile (`simfed calibrate --convergence`; usually "
+        "`include: convergence/NAME.yaml`): parameters, covariance, fitted range")
+    transfer: bool = param(
+        False, doc="apply a profile fitted on another model or data: losses rescaled between "
+        "the scenario model's untrained loss ln(vocab) and loss_floor (flagged as extrapolation)")
+    loss_floor: float = param(0.0, ge=0, doc="transfer: the data's irreducible loss (nats)")
+    samples: int = param(200, ge=10, le=10000, doc="parameter draws for the uncertainty band")
+
+    def __post_init__(self) -> None:
+        if self.target_loss and self.target_perplexity:
+            raise SpecError(f"convergence: give target_loss ({self.target_loss:g}) or "
+                            f"target_perplexity ({self.target_perplexity:g}), not both")
+        if self.target_perplexity and self.target_perplexity <= 1:
+            raise SpecError(f"convergence.target_perplexity: must be > 1, got "
+                            f"{self.target_perplexity:g}")
+        if self.model != "none" and not self.profile:
+            raise SpecError(f"convergence.profile: required for model {self.model} (fit one "
+                            "with `simfed calibrate --convergence STUDY.json`)")
+
+
+# ---------------------------------------------------------------------------------------------
 # the scenario
 
 
@@ -644,6 +672,7 @@ class Scenario:
     algorithms: tuple[AlgorithmSpec, ...]
     stragglers: StragglerSpec = StragglerSpec()
     validation: ValidationSpec = ValidationSpec()
+    convergence: ConvergenceSpec = ConvergenceSpec()
 
     def __post_init__(self) -> None:
         if not self.algorithms:
