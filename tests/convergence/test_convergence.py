@@ -86,7 +86,8 @@ def synthetic_study(noise_sd=0.003, seeds=(0, 1)):
             "what": "curves of known parameters", "path": "<memory>",
             "model": {"name": "llama-tiny", "params": 108864, "vocab": 256, "layers": 2,
                       "hidden": 64},
-            "data": {"source": "synthetic", "entropy_floor_nats": 1.3862943611198908},
+            "data": {"source": "synthetic", "entropy_floor_nats": 1.3862943611198908,
+                     "describe": "synthetic Markov source"},
             "recipe": {"paper_lr": 3e-4}, "ranks_per_group": 4, "micro_batch": 1,
             "runs": runs}
 
@@ -251,3 +252,31 @@ def test_calibrate_cli_fits_a_study_file_and_run_uses_the_profile(tmp_path):
                          timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.strip().startswith(f"error: {scn}: not a convergence study file")
+
+
+def test_shipped_time_to_target_scenarios_say_first_and_flag_extrapolation():
+    out, _ = simulate(load_scenario(SCENARIOS / "tiny-time-to-target.yaml"))
+    conv = out["convergence"]
+    assert conv["extrapolation"] == []  # inside the fitted range
+    assert conv["first_to_target"] in [a["label"] for a in out["algorithms"]]
+    big, _ = simulate(load_scenario(SCENARIOS / "512gpu-time-to-target.yaml"))
+    extra = " | ".join(big["convergence"]["extrapolation"])
+    assert "model llama3.1-8b" in extra and "sequence length 2048 (fitted at 32)" in extra
+    assert big["convergence"]["loss_init"] == pytest.approx(math.log(128256))
+
+
+def test_report_tables_compare_the_paper_claim_per_lr():
+    from simfed.convergence.report import claim_table, grid_table
+
+    study = synthetic_study(seeds=(0, 1))
+    for r in study["runs"]:
+        if r["key"] in ("fsdp/n128/k0/lr0.0003", "fl_fsdp/n128/k8/lr0.0003"):
+            r2 = dict(r, key=r["key"].replace("lr0.0003", "lr0.001"), lr=1e-3,
+                      eval_loss=[v - 0.5 for v in r["eval_loss"]])
+            study["runs"].append(r2)
+    lines = grid_table(study)
+    assert any(line.startswith("| fl_fsdp/n128/k8/lr0.0003 | 4 | 128 |") for line in lines)
+    claim = "\n".join(claim_table(study))
+    assert "| 0.0003 |" in claim and "| 0.001 |" in claim
+    assert "Each method at its best lr of the sweep: FSDP" in claim
+    assert "(lr 0.001)" in claim

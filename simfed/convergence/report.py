@@ -1,0 +1,118 @@
+"""The convergence study in tables (markdown), from its files:
+
+    python -m simfed.convergence.report results/convergence/*.json [--holdout]
+
+Per study: the final evaluation loss of every configuration (mean and spread over seeds); the
+paper's claim (FL+FSDP with 128 groups against FSDP on the same 512 sequences per step, after
+the same tokens) under the paper's recipe and with each method's best learning rate of the sweep;
+with --holdout, the held-out check of the fitted model and the critical-batch fit."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from .fit import critical_batch, holdout, read_study
+
+
+def _stats(xs: list[float]) -> str:
+    if len(xs) == 1:
+        return f"{xs[0]:.3f}"
+    return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}"
+
+
+def finals(study: dict[str, Any]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = defaultdict(list)
+    for r in study["runs"]:
+        out[r["key"]].append(r["eval_loss"][-1])
+    return out
+
+
+def grid_table(study: dict[str, Any]) -> list[str]:
+    f = finals(study)
+    seeds = sorted({r["seed"] for r in study["runs"]})
+    lines = [f"### {study['experiment']}: {study['what']}", "",
+             f"Seeds {', '.join(map(str, seeds))}; {study['data']['describe']}; untrained eval "
+             f"loss {statistics.fmean(r['eval_loss'][0] for r in study['runs']):.3f} nats.", "",
+             "| run (algorithm / groups or nodes / K / lr) | seqs/step/model | groups | final "
+             "eval loss (nats) | seeds |", "|---|---|---|---|---|"]
+    seen = set()
+    for r in study["runs"]:
+        if r["key"] in seen:
+            continue
+        seen.add(r["key"])
+        lines.append(f"| {r['key']} | {r['batch_per_model']} | {r['groups']} | "
+                     f"{_stats(f[r['key']])} | {len(f[r['key']])} |")
+    return lines
+
+
+def claim_table(study: dict[str, Any]) -> list[str]:
+    """FSDP at 128 nodes (512 sequences per step) against FL+FSDP 128 x 4, K = 8, per lr."""
+    f = finals(study)
+    lrs = sorted({r["lr"] for r in study["runs"]
+                  if r["key"].startswith(("fsdp/n128/", "fl_fsdp/n128/k8/"))})
+    rows = []
+    best: dict[str, tuple[float, float]] = {}
+    for lr in lrs:
+        fs, fl = f.get(f"fsdp/n128/k0/lr{lr:g}"), f.get(f"fl_fsdp/n128/k8/lr{lr:g}")
+        if not fs or not fl:
+            continue
+        rows.append(f"| {lr:g} | {_stats(fs)} | {_stats(fl)} | "
+                    f"{statistics.fmean(fl) - statistics.fmean(fs):+.3f} |")
+        for name, v in (("fsdp", fs), ("fl", fl)):
+            m = statistics.fmean(v)
+            if name not in best or m < best[name][1]:
+                best[name] = (lr, m)
+    if not rows:
+        return []
+    out = [f"#### {study['experiment']}: FSDP (1 model x 512 sequences) vs FL+FSDP (128 x 4, "
+           "K = 8), 64 steps, same tokens", "",
+           "| lr | FSDP final eval loss | FL+FSDP final eval loss | FL - FSDP |",
+           "|---|---|---|---|", *rows]
+    if "fsdp" in best and "fl" in best:
+        (lf, mf), (ll, ml) = best["fsdp"], best["fl"]
+        out += ["", f"Each method at its best lr of the sweep: FSDP {mf:.3f} (lr {lf:g}), "
+                    f"FL+FSDP {ml:.3f} (lr {ll:g}): FL - FSDP {ml - mf:+.3f} nats "
+                    f"(perplexity ratio {math.exp(ml - mf):.3f})."]
+    return out
+
+
+def holdout_lines(study: dict[str, Any]) -> list[str]:
+    h = holdout(study)
+    if h["median_abs_error"] is None:
+        return [f"{study['experiment']}: no held-out point reaches a target"]
+    c = critical_batch(study)
+    out = [f"{study['experiment']}: fitted on {h['fit_runs']} runs (rms {h['fit_rms_error']:.4f} "
+           f"nats); held out {h['check_runs']} runs, {h['points']} points at targets "
+           f"{h['targets']}: median |steps-to-target error| {h['median_abs_error']:.1%}, worst "
+           f"{h['worst_abs_error']:.1%}"]
+    for t in c.get("targets", []):
+        bc = t["b_crit_tokens"]
+        out.append(f"  critical batch at loss {t['target_loss']}: S_min {t['s_min']:.1f} steps, "
+                   f"E_min {t['e_min_tokens']:.0f} tokens, B_crit "
+                   + (f"{bc:.0f}" if bc is not None else "-")
+                   + f" tokens; measured B_simple {t['b_simple_tokens'] or float('nan'):.0f} "
+                   "tokens")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m simfed.convergence.report")
+    ap.add_argument("studies", nargs="+")
+    ap.add_argument("--holdout", action="store_true")
+    args = ap.parse_args(argv)
+    for path in args.studies:
+        study = read_study(path)
+        print("\n".join(grid_table(study)), end="\n\n")
+        claim = claim_table(study)
+        if claim:
+            print("\n".join(claim), end="\n\n")
+        if args.holdout:
+            print("\n".join(holdout_lines(study)), end="\n\n")
+
+
+if __name__ == "__main__":
+    main()
