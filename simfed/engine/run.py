@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from ..compute import ComputeModel
+from ..convergence import attach as attach_convergence
 from ..hardware import Hardware
 from ..memory import memory_breakdown
 from ..network.links import LINK_KINDS
@@ -330,4 +331,5 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     }
     if any(math.isnan(r["step_time_s"]) for r in runs):
         raise SpecError("simulation produced no step time")
+    attach_convergence(scn, out)  # time to a target loss, when the scenario asks for it
     return check_result(out), spans
