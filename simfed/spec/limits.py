@@ -14,7 +14,7 @@ The limits of cost were measured with `simfed run` on 2 cores: the simulator set
 groups, actors and link loads rank by rank, so its time grows about linearly with the number of
 GPUs (512gpu.yaml: 2.9 s at 32,768 GPUs, 13 s at 131,072, 228 s at 524,288 on a loaded host);
 `MAX_WORLD` keeps a run under about 10 s. Steps cost time with layers x simulated steps; a run
-longer than its window (`simfed.engine.window`: at most STEP_WINDOW steps and at most 8,192
+longer than its window (`simfed.engine.window`: at most STEP_WINDOW steps and at most 4,096
 layer-steps) is extrapolated from the window, so `training.steps` and `model.layers` together
 cost a bounded time.
 """
@@ -50,7 +50,7 @@ UNIT_RANGES: tuple[tuple[str, Range], ...] = (
 
 MAX_WORLD = 2**16  # 65,536 GPUs: about 6 s on 2 cores (the setup is per rank)
 MAX_EMULATED_RANKS = 4096  # an emulated cluster (host_cores > 0): every rank a process on a host
-STEP_WINDOW = 256  # steps simulated at most; more are extrapolated (simfed.engine.window)
+STEP_WINDOW = 128  # steps simulated at most; more are extrapolated (simfed.engine.window)
 
 PATH_LIMITS: dict[str, Range] = {
     "cluster.nodes": Range(None, MAX_WORLD, "the simulator's time grows with the GPUs; at most "
