@@ -3,12 +3,15 @@ skips the measured-data figures with a note when their inputs are missing."""
 
 import json
 
+import yaml
 from click.testing import CliRunner
 
 from simfed.cli import main
+from simfed.convergence.fit import fit_profile
 from simfed.figures import make_figures
 
 from ..conftest import ROOT
+from ..convergence.test_convergence import synthetic_study
 from .test_plots import VALIDATE, summary
 
 TINY = ROOT / "tests" / "fixtures" / "tiny2x2.yaml"
@@ -23,8 +26,20 @@ def test_every_figure(tmp_path):
     (results / "validate.json").write_text(json.dumps(VALIDATE))
     (results / "realrun" / "fsdp" / "summary.json").write_text(
         json.dumps(summary("fsdp", 1.0, [5.0, 4.0])))
+    # convergence: a study file, and SCENARIO-time-to-target.yaml with a profile fitted on it
+    study = synthetic_study(seeds=(0,))
+    (results / "convergence").mkdir()
+    (results / "convergence" / "toy.json").write_text(json.dumps(study))
+    scn_dir = tmp_path / "scn"
+    scn_dir.mkdir()
+    tiny = scn_dir / TINY.name
+    tiny.write_text(TINY.read_text())
+    (scn_dir / "profile.yaml").write_text(yaml.safe_dump(fit_profile(study, hold_out=False)))
+    (scn_dir / "tiny2x2-time-to-target.yaml").write_text(
+        "include: tiny2x2.yaml\nconvergence: {model: noise_progress, target_perplexity: 700, "
+        "transfer: true, loss_floor: 1.5, profile: {include: profile.yaml}}\n")
     lines: list[str] = []
-    written = make_figures(TINY, tmp_path / "fig", results_dir=results, jobs=1, progress=False,
+    written = make_figures(tiny, tmp_path / "fig", results_dir=results, jobs=1, progress=False,
                            echo=lines.append, **SMALL)
     names = sorted(p.name for p in written)
     assert names == sorted([
@@ -34,7 +49,8 @@ def test_every_figure(tmp_path):
         "tiny2x2_fl_fsdp_speedup_over_hsdp_group_size_x_k.png", "tiny2x2_phases.png",
         "tiny2x2_gantt_step2.png", "tiny2x2_stragglers_sweep.csv", "tiny2x2_stragglers.png",
         "validate_predicted_vs_measured.png",
-        "realrun_perplexity_vs_time.png"])
+        "realrun_perplexity_vs_time.png", "tiny2x2_perplexity_vs_time_to_target.png",
+        "convergence_toy_fl_grid.png"])
     for p in written:
         assert 0 < p.stat().st_size < 150_000, p
     assert not any(line.startswith("note:") for line in lines)
