@@ -20,8 +20,11 @@ What it reproduces of `realrun run` (and what it leaves out, because it changes 
   parameters only; moments and schedules stay local.
 - Parameters, gradients and optimizer states in the model dtype (pure bf16 when model.dtype is
   bf16, as the paper's runs; fp32 otherwise).
-Not reproduced: the order of floating-point sums inside a collective (a ring's partial sums in
-the reduction dtype), so per-step losses agree with a real run to float rounding, not bit for bit.
+Not reproduced by default: the order of floating-point sums inside a collective, so per-step
+losses agree with a real run to float rounding, not bit for bit. `ring_dtype` emulates what a
+low-precision reduction does (FSDP1's pure-bf16 reduce-scatter over n ranks: partial sums
+rounded to bf16 at each of n - 1 hops, with FSDP1's pre- and post-division), for groups of
+ranks that shard one model (FSDP, FL+FSDP; HSDP's two-level reduction is not modelled).
 
 The G groups run batched: their parameters are stacked along a leading dimension (G, ...),
 `torch.func.vmap` over `grad` of the model's functional call gives every group's gradient in one
@@ -79,7 +82,7 @@ class GroupedTrainer:
     """All federation groups of one algorithm, stacked; `run()` trains them and returns a Curve."""
 
     def __init__(self, scenario: Scenario, algo: AlgorithmSpec, corpus: Any, *, seed: int,
-                 eval_every: int, keep_group_losses: bool = True):
+                 eval_every: int, keep_group_losses: bool = True, ring_dtype: str = ""):
         self.sc, self.algo, self.corpus = scenario, algo, corpus
         self.info = algorithm_info(algo.name)
         self.plan = plan = algo.plan(scenario.cluster)
@@ -105,6 +108,9 @@ class GroupedTrainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, t))
         self.fedavg_dtype = TORCH_DTYPES[algo.fedavg_dtype]
         self._grad = vmap(grad_and_value(self._loss))
+        # the gradient reduction as a ring in a low precision (see ring_reduce), or exact
+        self.ring_dtype = TORCH_DTYPES[ring_dtype] if ring_dtype else None
+        self._rank_grads = vmap(vmap(grad_and_value(self._loss), in_dims=(None, 0, 0)))
 
     def _optimizer(self) -> torch.optim.Optimizer:
         t = self.t
@@ -128,6 +134,28 @@ class GroupedTrainer:
                  for i in self.sampler.train_indices(step, r)]
                 for g in range(self.groups)]
         return torch.from_numpy(np.stack([np.stack(s) for s in seqs]))
+
+    def ring_grads(self, tok: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Gradients as a ring reduce-scatter in `ring_dtype` makes them: each rank's own
+        gradient of its micro-batch's mean loss, pre-divided by FSDP1's factor f (the largest
+        power of two with f^2 <= n dividing n: torch's `_get_gradient_predivide_factor`), summed
+        rank after rank with every partial sum rounded to `ring_dtype` (a ring's hops carry the
+        partial sums in the reduction dtype; here in rank order), then divided by n / f.
+        tok (G, b, T + 1) -> per-parameter gradients (G, ...) and the groups' losses (G,)."""
+        n, mb = self.group_size, self.t.micro_batch
+        ranks = tok.view(self.groups, n, mb, -1)  # (G, n, mb, T + 1)
+        grads, losses = self._rank_grads(tuple(self.params), ranks[..., :-1], ranks[..., 1:])
+        pre = 1
+        while n % pre == 0 and n / pre > pre:
+            pre *= 2
+        out = []
+        for g, p in zip(grads, self.params, strict=True):  # g (G, n, ...)
+            parts = (g / pre).to(self.ring_dtype)
+            acc = parts[:, 0].clone()
+            for r in range(1, n):
+                acc = acc + parts[:, r]  # rounded to ring_dtype at every hop
+            out.append((acc.to(torch.float32) / (n / pre)).to(p.dtype))
+        return out, losses.mean(dim=1)
 
     @torch.no_grad()
     def fedavg(self) -> None:
@@ -188,7 +216,10 @@ class GroupedTrainer:
                           **self.gradient_noise(0, noise_chunk)})
         for step in range(steps):
             tok = self.batch(step)  # (G, b, T + 1)
-            grads, losses = self._grad(tuple(self.params), tok[..., :-1], tok[..., 1:])
+            if self.ring_dtype is not None:
+                grads, losses = self.ring_grads(tok)
+            else:
+                grads, losses = self._grad(tuple(self.params), tok[..., :-1], tok[..., 1:])
             for p, g in zip(self.params, grads, strict=True):
                 p.grad = g
             self.opt.step()
@@ -220,13 +251,16 @@ class GroupedTrainer:
 
 
 def emulate(scenario: Scenario, algo: AlgorithmSpec, corpus: Any, *, seed: int | None = None,
-            eval_every: int = 0, keep_group_losses: bool = True, noise_chunk: int = 0) -> Curve:
+            eval_every: int = 0, keep_group_losses: bool = True, noise_chunk: int = 0,
+            ring_dtype: str = "") -> Curve:
     """One algorithm of `scenario`, emulated; seed (of the model's initialisation) defaults to
-    the scenario's; noise_chunk > 0 measures the gradient noise scale at evaluation points."""
+    the scenario's; noise_chunk > 0 measures the gradient noise scale at evaluation points;
+    ring_dtype (e.g. bf16) reduces gradients as a ring in that dtype (`ring_grads`)."""
     seed = scenario.seed if seed is None else seed
     every = eval_every or max(1, scenario.training.steps)
     return GroupedTrainer(scenario, algo, corpus, seed=seed, eval_every=every,
-                          keep_group_losses=keep_group_losses).run(noise_chunk)
+                          keep_group_losses=keep_group_losses,
+                          ring_dtype=ring_dtype).run(noise_chunk)
 
 
 def perplexity(loss_nats: float) -> float:

@@ -59,10 +59,12 @@ class RunPoint:
     k: int = 0
     lr: float = PAPER_LR
     noise: bool = False
+    ring_dtype: str = ""  # gradients reduced as a ring in this dtype (realrun.converge)
 
     @property
     def key(self) -> str:
-        return f"{self.algorithm}/n{self.nodes}/k{self.k}/lr{self.lr:g}"
+        ring = f"/ring-{self.ring_dtype}" if self.ring_dtype else ""
+        return f"{self.algorithm}/n{self.nodes}/k{self.k}/lr{self.lr:g}{ring}"
 
     def overrides(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cluster.nodes": self.nodes, "training.lr": self.lr}
@@ -117,6 +119,17 @@ EXPERIMENTS = (
         points=(*batch_sweep((1, 128)), *fl_grid((128,), (8,))),
     ),
 )
+# The paper's pure-bf16 runs reduce FSDP's gradients in bf16 over all 512 ranks (511 rounded
+# hops) but FL+FSDP's over the 4 ranks of a node: the same comparison with that reduction emulated.
+BF16_RING = (RunPoint("fsdp", 128, ring_dtype="bf16"), RunPoint("fl_fsdp", 128, 8,
+                                                                 ring_dtype="bf16"))
+EXPERIMENTS = (*EXPERIMENTS,
+               Experiment("synthetic-tiny-bf16-reduce", "tiny Llama, synthetic corpus: FSDP "
+                          "(512 ranks) and FL+FSDP (128 x 4) with gradients reduced as a ring in "
+                          "bf16, FSDP1's pre/post division", points=BF16_RING),
+               Experiment("kjv-tiny-bf16-reduce", "tiny Llama, King James Bible: as "
+                          "synthetic-tiny-bf16-reduce", base={"data.source": "kjv"},
+                          points=BF16_RING))
 QUICK = {"training.steps": 8, "training.eval_sequences": 16}
 
 
@@ -145,14 +158,15 @@ def run_point(exp: Experiment, point: RunPoint, seed: int, quick: bool) -> dict[
     corpus = load_corpus(sc, BASE)
     curve = emulate(sc, sc.algorithm(point.algorithm), corpus, seed=seed,
                     eval_every=max(1, exp.eval_every if not quick else 4),
-                    keep_group_losses=False, noise_chunk=4 if point.noise else 0)
+                    keep_group_losses=False, noise_chunk=4 if point.noise else 0,
+                    ring_dtype=point.ring_dtype)
     t = sc.training
     return {
         "key": point.key, "seed": seed, "algorithm": point.algorithm,
         "groups": curve.groups, "batch_per_model": curve.batch_per_model,
         "seq_len": t.seq_len, "aggregate_every": curve.aggregate_every, "lr": t.lr,
         "steps": t.steps, "warmup_steps": t.warmup_steps, "lr_schedule": t.lr_schedule,
-        "optimizer": t.optimizer,
+        "optimizer": t.optimizer, "ring_dtype": point.ring_dtype or None,
         "eval_steps": curve.eval_steps, "eval_loss": _round(curve.eval_loss),
         "train_loss": _round(curve.train_loss),
         "noise": [{k: round(float(v), 6) for k, v in n.items()} for n in curve.noise],

@@ -124,3 +124,36 @@ def test_converge_cli_writes_curves_and_refuses_bad_input(tmp_path):
                          cwd=ROOT, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: --eval-every: must be >= 0, got -1"
+
+
+def test_ring_reduction_in_bf16_is_a_chain_of_rounded_partial_sums():
+    """ring_grads against a hand-written reduction: every rank's gradient (autograd, one rank at
+    a time), FSDP1's pre-division (16 ranks: f = 4), a left-to-right sum rounded to bf16 at each
+    hop, the post-division (16 / 4); and an fp32 ring equals the exact mean gradient."""
+    sc = scenario(**{"cluster.nodes": 4})
+    corpus = load_corpus(sc, BASE)
+    tr = GroupedTrainer(sc, sc.algorithm("fsdp"), corpus, seed=0, eval_every=6,
+                        ring_dtype="bf16")
+    tok = tr.batch(0)
+    grads, loss = tr.ring_grads(tok)
+    n = tr.group_size
+    assert n == 16
+    per_rank = []
+    for r in range(n):
+        params = [p[0].detach().clone().requires_grad_() for p in tr.params]
+        lr = tr._loss(tuple(params), tok[0, r:r + 1, :-1], tok[0, r:r + 1, 1:])
+        per_rank.append(torch.autograd.grad(lr, params))
+    for j, g in enumerate(grads):
+        acc = (per_rank[0][j] / 4).to(torch.bfloat16)
+        for r in range(1, n):
+            acc = acc + (per_rank[r][j] / 4).to(torch.bfloat16)
+        want = acc.float() / 4
+        torch.testing.assert_close(g[0], want, rtol=1e-2, atol=1e-6)
+    exact, _ = tr._grad(tuple(tr.params), tok[..., :-1], tok[..., 1:])
+    fp32 = GroupedTrainer(sc, sc.algorithm("fsdp"), corpus, seed=0, eval_every=6,
+                          ring_dtype="fp32").ring_grads(tok)[0]
+    err32 = max(float((a - b).abs().max()) for a, b in zip(fp32, exact, strict=True))
+    err16 = max(float((a - b).abs().max()) for a, b in zip(grads, exact, strict=True))
+    assert err32 < 1e-7 < err16
+    assert float(loss[0]) == pytest.approx(float(tr._grad(tuple(tr.params), tok[..., :-1],
+                                                          tok[..., 1:])[1][0]), rel=1e-6)
