@@ -182,15 +182,26 @@ def schema() -> None:
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--scenario", "scenario", required=True, type=click.Path(dir_okay=False),
-              help="The scenario whose cluster was measured (geometry, nominal figures).")
+@click.option("--scenario", "scenario", default=None, type=click.Path(dir_okay=False),
+              help="The scenario whose cluster was measured (geometry, nominal figures); "
+                   "not needed with --convergence.")
+@click.option("--convergence", is_flag=True,
+              help="INPUTS is a `realrun converge-study` file (results/convergence/NAME.json): "
+                   "fit the convergence model and write its profile (YAML) for a scenario's "
+                   "`convergence.profile`; the report holds the held-out check and the "
+                   "critical-batch fit.")
+@click.option("--draws", type=click.IntRange(min=0, max=1000), default=40, show_default=True,
+              help="--convergence: bootstrap refits kept in the profile for its uncertainty "
+                   "band (0: the fit's covariance instead).")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Profile to write (YAML); a scenario uses it via `--profile`.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Fit report (JSON: parameters, 95% intervals, residuals); default OUT.json.")
-def calibrate(inputs: tuple[Path, ...], scenario: str, out: Path, report: Path | None) -> None:
+def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool, draws: int,
+              out: Path, report: Path | None) -> None:
     """Fit a cluster profile to measurements: realrun bench folders, realrun traces (.jsonl),
-    PyTorch profiler Chrome traces (.json, NCCL kernels)."""
+    PyTorch profiler Chrome traces (.json, NCCL kernels); or, with --convergence, a convergence
+    profile to `realrun converge-study` measurements."""
     import json
 
     from .calibration import calibrate as fit
@@ -199,6 +210,16 @@ def calibrate(inputs: tuple[Path, ...], scenario: str, out: Path, report: Path |
 
     check_output(out, "--out")
     check_output(report or out.with_suffix(".json"), "--report")
+    if convergence:
+        from .convergence.calibrate import calibrate_convergence
+
+        for line in calibrate_convergence(inputs, out, report or out.with_suffix(".json"),
+                                          draws=draws):
+            click.echo(line)
+        return
+    if scenario is None:
+        raise SpecError("--scenario: required to calibrate a cluster profile (the scenario "
+                        "whose cluster was measured)")
     scn = load_scenario(scenario)
     samples = read_inputs(list(inputs), scn.cluster.node.gpus)
     profile, rep = fit(scn, samples)
@@ -321,49 +342,6 @@ def collective(scenario: str, op: str, nodes: int | None, gpus_per_node: int | N
             raise SpecError(f"--min-bytes/--max-bytes: {text!r} is {n:,} bytes; expected 1 B "
                             "to 1 PiB")
         return n
-
-    scn = load_scenario(scenario, parse_sets(sets), profile=profile)
-    n_nodes = nodes or scn.cluster.nodes
-    q = gpus_per_node or scn.cluster.node.gpus
-    if n_nodes > scn.cluster.nodes or q > scn.cluster.node.gpus or n_nodes < 1 or q < 1:
-        raise SpecError(f"collective: {n_nodes} nodes x {q} GPUs does not fit the cluster's "
-                        f"{scn.cluster.nodes} x {scn.cluster.node.gpus}")
-    rows = collective_table(scn, op, n_nodes * q, n_nodes, sizes(nbytes(min_bytes),
-                                                                   nbytes(max_bytes)))
-    click.echo(f"# {op} over {n_nodes * q} GPUs ({n_nodes} nodes x {q}), NCCL "
-               f"{scn.runtime.comm.nccl_version} model, {scn.cluster.name}")
-    click.echo(f"#{'size':>14} {'time':>10} {'algbw':>8} {'busbw':>8}  algorithm")
-    click.echo(f"#{'(B)':>14} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
-    for r in rows:
-        click.echo(f"{r['size_bytes']:>15} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.2f} "
-                   f"{r['busbw_GBps']:>8.2f}  {r['algorithm']}/{r['protocol']}")
-
-
-@main.command()
-@click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option("--op", type=click.Choice(["all_reduce", "all_gather", "reduce_scatter"]),
-              default="all_reduce", show_default=True)
-@click.option("--nodes", type=int, default=None, help="Nodes (default: all of the cluster's).")
-@click.option("--gpus-per-node", type=int, default=None, help="GPUs per node taking part.")
-@click.option("--min-bytes", default="1M", show_default=True, help="Smallest size (K/M/G).")
-@click.option("--max-bytes", default="8G", show_default=True, help="Largest size (K/M/G).")
-@click.option("--profile", type=click.Path(dir_okay=False), help="A profile merged over it.")
-@_SET
-def collective(scenario: str, op: str, nodes: int | None, gpus_per_node: int | None,
-               min_bytes: str, max_bytes: str, profile: str | None,
-               sets: tuple[str, ...]) -> None:
-    """Print an nccl-tests-style table (size, time, algbw, busbw, NCCL's algorithm/protocol)
-    from NCCL's own tuning model for the scenario's cluster."""
-    from .collectives.table import collective_table, sizes
-    from .spec import load_scenario
-
-    def nbytes(text: str) -> int:
-        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
-        try:
-            return int(float(text.rstrip("KMGkmg")) * mult)
-        except ValueError:
-            raise SpecError(f"--min-bytes/--max-bytes: expected a size like 1M, got {text!r}")\
-                from None
 
     scn = load_scenario(scenario, parse_sets(sets), profile=profile)
     n_nodes = nodes or scn.cluster.nodes
