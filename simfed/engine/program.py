@@ -85,7 +85,6 @@ class StepTimes:
     fedavg_local_s: float = 0.0  # flatten/cast/divide/copy-back around the FedAvg all-reduce
     reduce_factor: float = 1.0  # gradient reduce dtype bytes / parameter dtype bytes
     outer_s: float = 0.0  # the outer optimizer's elementwise step after the average (DiLoCo)
-    reduce_factor: float = 1.0  # gradient reduce dtype bytes / parameter dtype bytes
 
 
 def build_program(

@@ -117,29 +117,6 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     return AlgorithmRun(result=result, spans=spans, events=ops)
 
 
-def _interfered(scn: Scenario, hw: Hardware, plan, units, fwd, bwd, cm: ComputeModel):
-    """Compute slowed by the FSDP collectives that overlap it (`ComputeModel.interference`):
-    a unit's forward runs beside the next unit's all-gather, its backward beside an all-gather
-    and a reduce-scatter (HSDP: and the replica all-reduce), each timed by NCCL's model alone."""
-    from ..collectives.nccl import nccl_model
-
-    nccl = nccl_model(hw, scn.runtime.comm)
-    g = hw.gpus_per_node
-    shard_nodes = max(1, plan.shard // g) if plan.shard >= g else 1
-    red = dtype_nbytes(scn.training.reduce_dtype or scn.model.dtype) / scn.model.dtype_nbytes
-    share = scn.runtime.comm.sm_share
-    out_f, out_b = [], []
-    for u, f, b in zip(units, fwd, bwd, strict=True):
-        ag = nccl.time_s("all_gather", u.nbytes, plan.shard, shard_nodes)
-        rs = nccl.time_s("reduce_scatter", u.nbytes * red, plan.shard, shard_nodes)
-        ar = (nccl.time_s("all_reduce", u.nbytes * red / plan.shard, plan.replicate,
-                          max(1, plan.replicate * plan.shard // g // max(1, shard_nodes)))
-              if plan.replicate > 1 else 0.0)
-        out_f.append(cm.interference(f, ag, share))
-        out_b.append(cm.interference(b, ag + rs + ar, share))
-    return tuple(out_f), tuple(out_b)
-
-
 def _step_times_at(scn: Scenario, kw: dict[str, Any], factors: Any, agg: set[int]
                    ) -> list[float]:
     """Step times of one federation group whose every rank runs at these factors (links as the
