@@ -783,8 +783,9 @@ def print_summary(result: SweepResult, max_rows: int = 40) -> None:
     labels.update({r["label"]: r["label"] for r in result.rows if r.get("label")})
     keys = [k for ax in result.meta["axes"] for k in ax["keys"]]
     base = labels.get(algs[0], algs[0])
-    t = Table(title=f"sweep {result.meta['name']}: step time (speedup vs {base})",
-              header_style="bold")
+    target = any("time_to_target_s" in r for r in result.rows)
+    t = Table(title=f"sweep {result.meta['name']}: step time (speedup vs {base})"
+              + (", time to the convergence target" if target else ""), header_style="bold")
     for k in keys:
         t.add_column(k.split(".")[-1] if len(k) > 16 else k, justify="right", no_wrap=True)
     for a in algs:
@@ -802,7 +803,11 @@ def print_summary(result: SweepResult, max_rows: int = 40) -> None:
                 continue
             sp = f" ({r['speedup']:.2f}x)" if r.get("speedup") is not None else ""
             oom = " [red]OOM[/red]" if r["status"] == "does_not_fit" else ""
-            cells.append(f"{_fmt_s(r['step_time_s'])}{sp}{oom}")
+            ttt = ""  # time to the scenario's convergence target, when it has one
+            if "time_to_target_s" in r:
+                v = r["time_to_target_s"]
+                ttt = f", target {_fmt_s(v)}" if v is not None else ", target not reached"
+            cells.append(f"{_fmt_s(r['step_time_s'])}{sp}{ttt}{oom}")
         t.add_row(*cells)
     console.print(t)
     if len(by_point) > max_rows:

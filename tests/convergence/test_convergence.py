@@ -280,3 +280,21 @@ def test_report_tables_compare_the_paper_claim_per_lr():
     assert "| 0.0003 |" in claim and "| 0.001 |" in claim
     assert "Each method at its best lr of the sweep: FSDP" in claim
     assert "(lr 0.001)" in claim
+
+
+def test_a_sweep_over_groups_and_k_reports_time_to_target():
+    from simfed.sweep import Axis, SweepSpec, run_sweep
+
+    spec = SweepSpec(scenario=str(SCENARIOS / "tiny-time-to-target.yaml"), name="ttt",
+                     axes=(Axis(keys=("cluster.nodes",), values=((8,), (32,))),
+                           Axis(keys=("algorithms.fl_fsdp.aggregate_every",),
+                                values=((1,), (8,)))))
+    res = run_sweep(spec, jobs=1, progress=False)
+    fsdp = [r for r in res.rows if r["name"] == "fsdp"]
+    fl = [r for r in res.rows if r["name"] == "fl_fsdp"]
+    assert len(fsdp) == len(fl) == 4
+    assert all(r["steps_to_target"] and r["time_to_target_s"] > 0 for r in fsdp)
+    # more groups: a larger synchronous batch per step, so FSDP needs fewer steps
+    by_nodes = {r["params"]["cluster.nodes"]: r["steps_to_target"] for r in fsdp}
+    assert by_nodes[32] < by_nodes[8]
+    assert {r["params"]["algorithms.fl_fsdp.aggregate_every"] for r in fl} == {1, 8}
