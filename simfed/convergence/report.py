@@ -80,6 +80,27 @@ def claim_table(study: dict[str, Any]) -> list[str]:
     return out
 
 
+def noise_table(study: dict[str, Any]) -> list[str]:
+    """Gradient noise scale B_simple (tokens) against eval loss, from the FSDP batch sweep: at
+    each evaluation step, the median over batch sizes and seeds."""
+    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for r in study["runs"]:
+        for n in r.get("noise", []):
+            by_step[int(n["step"])].append((n["eval_loss"], n["b_simple_tokens"]))
+    if not by_step:
+        return []
+    out = [f"#### {study['experiment']}: gradient noise scale (two-batch estimator, chunks of 4 "
+           "sequences)", "", "| step | eval loss | B_simple (tokens) | B_simple (sequences) | "
+           "runs |", "|---|---|---|---|---|"]
+    seq = study["runs"][0]["seq_len"]
+    for step in sorted(by_step):
+        pts = by_step[step]
+        loss = statistics.median(p[0] for p in pts)
+        b = statistics.median(p[1] for p in pts)
+        out.append(f"| {step} | {loss:.3f} | {b:,.0f} | {b / seq:,.1f} | {len(pts)} |")
+    return out
+
+
 def holdout_lines(study: dict[str, Any]) -> list[str]:
     h = holdout(study)
     if h["median_abs_error"] is None:
@@ -107,9 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.studies:
         study = read_study(path)
         print("\n".join(grid_table(study)), end="\n\n")
-        claim = claim_table(study)
-        if claim:
-            print("\n".join(claim), end="\n\n")
+        for extra in (claim_table(study), noise_table(study)):
+            if extra:
+                print("\n".join(extra), end="\n\n")
         if args.holdout:
             print("\n".join(holdout_lines(study)), end="\n\n")
 
