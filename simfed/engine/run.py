@@ -26,7 +26,7 @@ from .program import StepTimes, build_program
 from .sim import Simulation, expected_max_normal
 from .timeline import actor_spans, busy_and_exposed, busy_share, peak_unsharded_bytes, step_bounds
 from .variants import apply_rounds, outer_step_s, round_model, variant_of
-from .window import check_result, needs_window, simulate_windowed
+from .window import check_cost, check_result, needs_window, simulate_windowed
 
 
 @dataclass
@@ -264,6 +264,7 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     None picks that automatically when jitter breaks the symmetry of every node and the
     per-rank method simulates each (the costly case; starting worker processes costs more than
     it saves otherwise)."""
+    check_cost(scn, algorithms)  # refuse what cannot be simulated in seconds
     if needs_window(scn):  # a long run from a window (simfed.engine.window)
         out, spans = simulate_windowed(simulate, scn, algorithms, trace=trace,
                                        trace_steps=trace_steps, jobs=jobs)

@@ -134,6 +134,37 @@ def id_of(alg: AlgorithmSpec) -> str:
     return alg.label or alg.name
 
 
+PER_RANK_BUDGET = 60_000  # actor x unit x step visits: 101,640 took 14 s on a busy 2-core host
+
+
+def check_cost(scn: Scenario, algorithms: list[str] | None) -> None:
+    """Refuse up front what cannot be simulated in seconds: the per-rank straggler method
+    simulates every distinct rank (512gpu.yaml with per-node jitter, 4 algorithms: 16 nodes x
+    64 steps 11 s, 128 nodes x 64 steps 94 s, x 8 steps 14 s on this shared host), so its cost
+    is bounded by actors x units x steps."""
+    st = scn.stragglers
+    if getattr(st, "method", "order_stats") != "per_rank" or not st.any:
+        return
+    chosen = [scn.algorithm(a) for a in algorithms] if algorithms else list(scn.algorithms)
+    world, nodes = scn.cluster.world, scn.cluster.nodes
+    slow = 1 + len(st.slow_nodes) + len(st.slow_gpus) + len(st.degraded_nics)
+    actors = 0  # at most: a shard group runs in lockstep, one actor (simfed.engine.actors)
+    for alg in chosen:
+        groups = world // alg.plan(scn.cluster).shard
+        if st.jitter.sigma > 0:
+            actors += min(groups, nodes) if st.jitter.level == "node" else groups
+        else:
+            actors += min(groups, slow)
+    steps = min(scn.training.steps, window_size(scn.model.layers))
+    cost = actors * (scn.model.layers + 1) * steps
+    if cost > PER_RANK_BUDGET:
+        raise SpecError(
+            f"stragglers.method: per_rank simulates every distinct rank: {actors:,} actors over "
+            f"{len(chosen)} algorithms x {scn.model.layers + 1} units x {steps} steps = "
+            f"{cost:,}; the limit is {PER_RANK_BUDGET:,} (about 10 s): use order_stats (the "
+            "default), fewer steps or --algorithm")
+
+
 def _bad_number(obj: Any, path: str) -> str | None:
     if isinstance(obj, float) and not math.isfinite(obj):
         return path

@@ -59,3 +59,16 @@ def test_results_that_are_not_finite_or_beat_the_peak_are_refused():
         window.check_result({"algorithms": [{"label": "FSDP", "step_time_s": math.inf}]})
     with pytest.raises(SpecError, match=r"MFU is 1.7 > 1"):
         window.check_result({"algorithms": [{"label": "FSDP", "mfu": 1.7}]})
+
+
+def test_per_rank_stragglers_are_refused_past_their_cost():
+    """The per-rank reference simulates every distinct rank: bounded up front, with the sum."""
+    big = load_scenario(SCENARIOS / "512gpu.yaml", {
+        "stragglers": {"method": "per_rank", "jitter": {"sigma": 0.05}}})
+    # fsdp 1 actor (one shard group), hsdp / fl_fsdp / fl_hsdp 128 (one per node)
+    with pytest.raises(SpecError, match=r"385 actors over 4 algorithms x 33 units x 64 steps"):
+        simulate(big)
+    window.check_cost(big, ["fsdp"])  # one shard group: one actor
+    fast = load_scenario(SCENARIOS / "512gpu.yaml", {
+        "cluster.nodes": 64, "stragglers": {"method": "order_stats", "jitter": {"sigma": 0.05}}})
+    window.check_cost(fast, None)  # the default method: one timeline, no bound needed

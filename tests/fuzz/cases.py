@@ -598,9 +598,38 @@ class Generator:
                           + (" (twice)" if dup else ""), expect, {"s.yaml": _dump(data)},
                           _run_argv(["--trace", "{dir}/tr"]), (*_OUT, "tr"))
 
+    # -- sizes that cost time: the shipped scenarios at full size, pushed to their limits
+    def cost_case(self) -> Case:
+        name = self.rng.choice(["512gpu", "2048gpu", "h100-1024", "h100-4096-70b"])
+        data = load_scenario_data(SCENARIOS / f"{name}.yaml")
+        gpus = data["cluster"]["node"]["gpus"]
+        choices: list[tuple[str, dict[str, Any]]] = [
+            ("GPUs at the world limit", {"cluster.nodes": limits.MAX_WORLD // gpus}),
+            ("GPUs over the world limit", {"cluster.nodes": 100_000}),
+            ("512 layers", {"model.layers": 512}),
+            ("10^12 steps", {"training.steps": 10**12}),
+            ("10^12 steps, K = 10^9", {"training.steps": 10**12,
+                                       "algorithms": [{"name": "fl_fsdp", "group_nodes": 1,
+                                                       "aggregate_every": 10**9}]}),
+            ("per-rank node jitter", {"stragglers.method": "per_rank",
+                                      "stragglers.jitter.sigma": 0.05}),
+            ("per-rank GPU jitter", {"stragglers.method": "per_rank",
+                                     "stragglers.jitter.sigma": 0.05,
+                                     "stragglers.jitter.level": "gpu"}),
+            ("order-stats GPU jitter", {"stragglers.jitter.sigma": 0.2,
+                                        "stragglers.jitter.level": "gpu"}),
+            ("host cores at the limit", {"cluster.host_cores": 4096,
+                                         "cluster.node.cpu_cores": 4096}),
+        ]
+        what, sets = self.rng.choice(choices)
+        for dotted, v in sets.items():
+            _set(data, tuple(dotted.split(".")), v)
+        return self._case("cost", f"{name}: {what}", EITHER, {"s.yaml": _dump(data)})
+
     def generate(self, n: int) -> list[Case]:
         families = [(self.key_case, 60), (self.yaml_case, 8), (self.encoding_case, 6),
-                    (self.include_case, 8), (self.cli_case, 12), (self.label_case, 6)]
+                    (self.include_case, 8), (self.cli_case, 12), (self.label_case, 6),
+                    (self.cost_case, 3)]
         makers = [m for m, _ in families]
         weights = [w for _, w in families]
         return [self.rng.choices(makers, weights)[0]() for _ in range(n)]

@@ -28,7 +28,7 @@ def test_ci_cases_end_cleanly():
     # the cases are not vacuous: most are invalid and were refused, some ran
     assert s["outcomes"].get("refused", 0) > CI_CASES / 2
     assert s["outcomes"].get("ok", 0) > 10
-    assert set(s["by_kind"]) == {"key", "yaml", "encoding", "include", "cli", "label"}
+    assert set(s["by_kind"]) == {"key", "yaml", "encoding", "include", "cli", "label", "cost"}
 
 
 def test_every_schema_key_is_mutated():
