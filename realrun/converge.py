@@ -50,6 +50,8 @@ from torch.func import functional_call, grad_and_value, vmap
 from simfed.spec import AlgorithmSpec, Scenario, algorithm_info
 
 from .data import EVAL_STREAM, TRAIN_STREAM, Sampler, eval_sequences
+from .errors import RealrunError
+from .fedavg import outer_step
 from .model import TORCH_DTYPES, Llama, next_token_loss
 from .optimizer import lr_factor
 
@@ -107,6 +109,18 @@ class GroupedTrainer:
         self.opt = self._optimizer()
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, t))
         self.fedavg_dtype = TORCH_DTYPES[algo.fedavg_dtype]
+        # DiLoCo's outer step (algorithms.fl_*.outer_optimizer: nesterov), as realrun.fedavg:
+        # the fp32 global model of the last round, and the outer momentum
+        for key in ("round_budget_s", "round_deadline_s"):
+            if getattr(algo, key, 0):
+                raise RealrunError(
+                    f"algorithms.{algo.name}.{key}: the convergence emulator runs K local steps "
+                    "in every group; time-budgeted and deadline rounds are not emulated")
+        self.outer = getattr(algo, "outer_optimizer", "average")
+        self.anchor = self.momentum = None
+        if self.outer == "nesterov":
+            self.anchor = [p[0].detach().float().clone() for p in self.params]
+            self.momentum = [torch.zeros_like(a) for a in self.anchor]
         self._grad = vmap(grad_and_value(self._loss))
         # the gradient reduction as a ring in a low precision (see ring_reduce), or exact
         self.ring_dtype = TORCH_DTYPES[ring_dtype] if ring_dtype else None
@@ -159,7 +173,17 @@ class GroupedTrainer:
 
     @torch.no_grad()
     def fedavg(self) -> None:
-        """Every group's parameters <- the mean over groups, computed in fedavg_dtype."""
+        """Every group's parameters <- the mean over groups, computed in fedavg_dtype; with the
+        Nesterov outer optimizer, the outer step on the mean delta from the last round's model
+        (`realrun.fedavg.outer_step`: the delta summed in fedavg_dtype, then divided)."""
+        if self.anchor is not None:
+            for p, a, m in zip(self.params, self.anchor, self.momentum, strict=True):
+                delta = (a - p.float()).to(self.fedavg_dtype).sum(dim=0).float() / self.groups
+                new = outer_step(a, delta, m, lr=self.algo.outer_lr,
+                                 momentum=self.algo.outer_momentum)
+                a.copy_(new)
+                p.copy_(new.to(p.dtype).unsqueeze(0).expand_as(p))
+            return
         for p in self.params:
             mean = p.to(self.fedavg_dtype).sum(dim=0).div_(self.groups)
             p.copy_(mean.to(p.dtype).unsqueeze(0).expand_as(p))

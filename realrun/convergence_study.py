@@ -60,16 +60,20 @@ class RunPoint:
     lr: float = PAPER_LR
     noise: bool = False
     ring_dtype: str = ""  # gradients reduced as a ring in this dtype (realrun.converge)
+    outer: str = ""  # fl_fsdp: DiLoCo's outer optimizer (nesterov; defaults lr 0.7, mu 0.9)
 
     @property
     def key(self) -> str:
         ring = f"/ring-{self.ring_dtype}" if self.ring_dtype else ""
-        return f"{self.algorithm}/n{self.nodes}/k{self.k}/lr{self.lr:g}{ring}"
+        outer = f"/{self.outer}" if self.outer else ""
+        return f"{self.algorithm}/n{self.nodes}/k{self.k}/lr{self.lr:g}{ring}{outer}"
 
     def overrides(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cluster.nodes": self.nodes, "training.lr": self.lr}
         if self.algorithm == "fl_fsdp":
             out["algorithms.fl_fsdp.aggregate_every"] = self.k
+        if self.outer:
+            out["algorithms.fl_fsdp.outer_optimizer"] = self.outer
         return out
 
 
@@ -130,6 +134,16 @@ EXPERIMENTS = (*EXPERIMENTS,
                Experiment("kjv-tiny-bf16-reduce", "tiny Llama, King James Bible: as "
                           "synthetic-tiny-bf16-reduce", base={"data.source": "kjv"},
                           points=BF16_RING))
+# FL variant (simfed issue 19): DiLoCo's Nesterov outer step on FL+FSDP's average, measured
+# beside plain FedAvg (the synthetic-tiny and kjv-tiny files hold the plain runs)
+NESTEROV = tuple(RunPoint("fl_fsdp", 128, 8, lr, outer="nesterov") for lr in (PAPER_LR, 3e-3))
+EXPERIMENTS = (*EXPERIMENTS,
+               Experiment("synthetic-tiny-nesterov", "tiny Llama, synthetic corpus: FL+FSDP "
+                          "128 x 4, K = 8 with DiLoCo's Nesterov outer step (lr 0.7, "
+                          "momentum 0.9)", points=NESTEROV),
+               Experiment("kjv-tiny-nesterov", "tiny Llama, King James Bible: as "
+                          "synthetic-tiny-nesterov", base={"data.source": "kjv"},
+                          points=NESTEROV))
 QUICK = {"training.steps": 8, "training.eval_sequences": 16}
 
 
@@ -167,6 +181,7 @@ def run_point(exp: Experiment, point: RunPoint, seed: int, quick: bool) -> dict[
         "seq_len": t.seq_len, "aggregate_every": curve.aggregate_every, "lr": t.lr,
         "steps": t.steps, "warmup_steps": t.warmup_steps, "lr_schedule": t.lr_schedule,
         "optimizer": t.optimizer, "ring_dtype": point.ring_dtype or None,
+        "outer_optimizer": point.outer or None,
         "eval_steps": curve.eval_steps, "eval_loss": _round(curve.eval_loss),
         "train_loss": _round(curve.train_loss),
         "noise": [{k: round(float(v), 6) for k, v in n.items()} for n in curve.noise],

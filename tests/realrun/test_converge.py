@@ -157,3 +157,31 @@ def test_ring_reduction_in_bf16_is_a_chain_of_rounded_partial_sums():
     assert err32 < 1e-7 < err16
     assert float(loss[0]) == pytest.approx(float(tr._grad(tuple(tr.params), tok[..., :-1],
                                                           tok[..., 1:])[1][0]), rel=1e-6)
+
+
+def test_nesterov_outer_step_is_diloco_s_on_the_mean_delta():
+    """One round at K = 2 (steps 2): the groups' local steps are those of plain FedAvg, then
+    the global model is theta_0 - lr (1 + mu) (theta_0 - mean) (the momentum buffer is the first
+    delta; torch SGD(nesterov=True)'s update); lr 1, mu 0 is plain averaging."""
+    over = {"training.steps": 2, "algorithms.fl_fsdp.aggregate_every": 2}
+    plain = scenario(**over)
+    ref = GroupedTrainer(plain, plain.algorithm("fl_fsdp"), load_corpus(plain, BASE), seed=0,
+                         eval_every=2)
+    theta0 = [p[0].detach().clone() for p in ref.params]
+    ref.run()
+    mean = [p[0].detach().clone() for p in ref.params]
+    nest = scenario(**over, algorithms__fl_fsdp__outer_optimizer="nesterov",
+                    algorithms__fl_fsdp__outer_lr=0.7, algorithms__fl_fsdp__outer_momentum=0.9)
+    tr = GroupedTrainer(nest, nest.algorithm("fl_fsdp"), load_corpus(nest, BASE), seed=0,
+                        eval_every=2)
+    tr.run()
+    for p, t0, m in zip(tr.params, theta0, mean, strict=True):
+        torch.testing.assert_close(p[0], t0 - 0.7 * 1.9 * (t0 - m), rtol=1e-5, atol=1e-6)
+        assert torch.equal(p[0], p[-1])
+    same = scenario(**over, algorithms__fl_fsdp__outer_optimizer="nesterov",
+                    algorithms__fl_fsdp__outer_lr=1.0, algorithms__fl_fsdp__outer_momentum=0.0)
+    tr1 = GroupedTrainer(same, same.algorithm("fl_fsdp"), load_corpus(same, BASE), seed=0,
+                         eval_every=2)
+    tr1.run()
+    for p, m in zip(tr1.params, mean, strict=True):
+        torch.testing.assert_close(p[0], m, rtol=1e-5, atol=1e-6)
