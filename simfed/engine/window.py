@@ -5,7 +5,7 @@ tables of jitter draws and step bounds, would grow with the steps). The rule, st
 output as `extrapolation`:
 
 - simulate a window of n steps: at most `STEP_WINDOW`, and at most `LAYER_STEP_BUDGET` /
-  (layers + 1) (a deep model's steps cost more; 8 at least), rounded down to whole FedAvg
+  (layers + 1) (a deep model's steps cost more; 4 at least), rounded down to whole FedAvg
   periods of K steps, so FedAvg falls in the window as in the run; the window's last step
   aggregates, as the run's last step does (when K is longer than the window, that is the
   window's one round: its FedAvg waits then reflect the window's drift, not K steps');
@@ -33,8 +33,8 @@ from ..spec.schema import SpecError
 
 RULE = ("a long run is simulated over a window of whole FedAvg periods (steps_simulated); time = "
         "window time without FedAvg / window steps x steps + mean FedAvg time x FedAvg rounds")
-LAYER_STEP_BUDGET = 4096  # (layers + 1) x steps simulated at most: about 2 s for 4 algorithms
-MIN_WINDOW = 8
+LAYER_STEP_BUDGET = 3072  # (layers + 1) x steps at most: the shipped scenarios' 2,592 fit
+MIN_WINDOW = 4
 
 
 def window_size(layers: int) -> int:

@@ -12,11 +12,12 @@ Two tables:
 
 The limits of cost were measured with `simfed run` on 2 cores: the simulator sets up process
 groups, actors and link loads rank by rank, so its time grows about linearly with the number of
-GPUs (512gpu.yaml: 2.9 s at 32,768 GPUs, 13 s at 131,072, 228 s at 524,288 on a loaded host);
-`MAX_WORLD` keeps a run under about 10 s. Steps cost time with layers x simulated steps; a run
-longer than its window (`simfed.engine.window`: at most STEP_WINDOW steps and at most 4,096
-layer-steps) is extrapolated from the window, so `training.steps` and `model.layers` together
-cost a bounded time.
+GPUs (512gpu.yaml: 2.9 s at 32,768 GPUs, 10-11 s at 65,536, 13-60 s at 131,072, 228 s at
+524,288 on this host shared with other work); `MAX_WORLD` keeps a run well under 10 s there.
+Steps cost time with layers x simulated steps; a run longer than its window
+(`simfed.engine.window`: at most STEP_WINDOW steps and at most 3,072 layer-steps) is
+extrapolated from the window, so `training.steps` and `model.layers` together cost a bounded
+time.
 """
 
 from __future__ import annotations
@@ -48,21 +49,21 @@ UNIT_RANGES: tuple[tuple[str, Range], ...] = (
      Range(None, 1e3, "a ratio is at most 1000")),
 )
 
-MAX_WORLD = 2**16  # 65,536 GPUs: about 6 s on 2 cores (the setup is per rank)
-MAX_EMULATED_RANKS = 4096  # an emulated cluster (host_cores > 0): every rank a process on a host
+MAX_WORLD = 2**14  # 16,384 GPUs: 65,536 took 10-11 s on this busy 2-core host (setup per rank)
+MAX_EMULATED_RANKS = 512  # an emulated cluster (host_cores > 0): every rank a process on a host
 STEP_WINDOW = 128  # steps simulated at most; more are extrapolated (simfed.engine.window)
 
 PATH_LIMITS: dict[str, Range] = {
     "cluster.nodes": Range(None, MAX_WORLD, "the simulator's time grows with the GPUs; at most "
-                           f"{MAX_WORLD:,} GPUs (about 6 s on 2 cores)"),
+                           f"{MAX_WORLD:,} GPUs (a few seconds on 2 cores)"),
     "cluster.node.gpus": Range(None, 1024, "GPUs in one node (NVLink domain); the largest "
                                "built have 576"),
-    "cluster.node.cpu_cores": Range(None, 4096, "host cores of one node"),
-    "cluster.host_cores": Range(None, 4096, "cores of the one host an emulated cluster runs on"),
+    "cluster.node.cpu_cores": Range(None, 1024, "host cores of one node"),
+    "cluster.host_cores": Range(None, 1024, "cores of the one host an emulated cluster runs on"),
     "cluster.fabric.nodes_per_leaf": Range(None, MAX_WORLD, "nodes under one leaf switch"),
     "cluster.fabric.nodes_per_group": Range(None, MAX_WORLD, "nodes in one group"),
     "cluster.node.nics.count": Range(None, 64, "NIC rails per node"),
-    "model.layers": Range(None, 512, "decoder layers: the deepest published LLMs have under "
+    "model.layers": Range(None, 256, "decoder layers: the deepest published LLMs have under "
                           "200 (a deep model's run is simulated over fewer steps)"),
     "model.hidden": Range(None, 2**20, "model width"),
     "model.ffn_hidden": Range(None, 2**22, "MLP width"),

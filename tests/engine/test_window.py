@@ -25,7 +25,8 @@ def test_window_sizes_follow_the_rule():
     assert window.window_steps(w + 1, 0) == w
     assert window.window_steps(10**9, 7) == w // 7 * 7  # whole FedAvg periods
     assert window.window_steps(10**9, w + 5) == w  # K longer: the window's last step
-    assert window.window_steps(10**9, 8, layers=511) == 8  # deep: 4096 // 512 layer-steps
+    assert window.window_steps(10**9, 8, layers=255) == 8  # deep: 3072 // 256 = 12 -> K
+    assert window.window_steps(10**9, 8, layers=1023) == 4  # K longer than the window
     assert window.rounds(10, 3) == 4 and window.rounds(9, 3) == 3 and window.rounds(9, 0) == 0
 
 

@@ -606,7 +606,7 @@ class Generator:
         choices: list[tuple[str, dict[str, Any]]] = [
             ("GPUs at the world limit", {"cluster.nodes": limits.MAX_WORLD // gpus}),
             ("GPUs over the world limit", {"cluster.nodes": 100_000}),
-            ("512 layers", {"model.layers": 512}),
+            ("256 layers", {"model.layers": 256}),
             ("10^12 steps", {"training.steps": 10**12}),
             ("10^12 steps, K = 10^9", {"training.steps": 10**12,
                                        "algorithms": [{"name": "fl_fsdp", "group_nodes": 1,
@@ -618,8 +618,8 @@ class Generator:
                                      "stragglers.jitter.level": "gpu"}),
             ("order-stats GPU jitter", {"stragglers.jitter.sigma": 0.2,
                                         "stragglers.jitter.level": "gpu"}),
-            ("host cores at the limit", {"cluster.host_cores": 4096,
-                                         "cluster.node.cpu_cores": 4096}),
+            ("host cores at the limit", {"cluster.host_cores": 1024,
+                                         "cluster.node.cpu_cores": 1024}),
         ]
         what, sets = self.rng.choice(choices)
         for dotted, v in sets.items():
