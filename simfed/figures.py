@@ -295,8 +295,10 @@ def _convergence_figures(m: _Maker, scenario: Path, results_dir: Path,
     else:
         echo(f"note: {ttt} not found: skipping the time-to-target figure")
     for study in sorted((results_dir / "convergence").glob("*.json")):
-        m.save(plot_fl_grid(json.loads(study.read_text(encoding="utf-8"))),
-               f"convergence_{study.stem}_fl_grid")
+        data = json.loads(study.read_text(encoding="utf-8"))
+        sweep = {r["batch_per_model"] for r in data.get("runs", []) if r["algorithm"] == "fsdp"}
+        if len(sweep) >= 2:  # a study with a batch sweep and an FL grid to set beside it
+            m.save(plot_fl_grid(data), f"convergence_{study.stem}_fl_grid")
 
 
 @click.command("figures")
