@@ -123,27 +123,31 @@ EXPERIMENTS = (
         points=(*batch_sweep((1, 128)), *fl_grid((128,), (8,))),
     ),
 )
-# The paper's pure-bf16 runs reduce FSDP's gradients in bf16 over all 512 ranks (511 rounded
-# hops) but FL+FSDP's over the 4 ranks of a node: the same comparison with that reduction emulated.
-BF16_RING = (RunPoint("fsdp", 128, ring_dtype="bf16"), RunPoint("fl_fsdp", 128, 8,
-                                                                 ring_dtype="bf16"))
-EXPERIMENTS = (*EXPERIMENTS,
-               Experiment("synthetic-tiny-bf16-reduce", "tiny Llama, synthetic corpus: FSDP "
-                          "(512 ranks) and FL+FSDP (128 x 4) with gradients reduced as a ring in "
-                          "bf16, FSDP1's pre/post division", points=BF16_RING),
-               Experiment("kjv-tiny-bf16-reduce", "tiny Llama, King James Bible: as "
-                          "synthetic-tiny-bf16-reduce", base={"data.source": "kjv"},
-                          points=BF16_RING))
-# FL variant (simfed issue 19): DiLoCo's Nesterov outer step on FL+FSDP's average, measured
-# beside plain FedAvg (the synthetic-tiny and kjv-tiny files hold the plain runs)
-NESTEROV = tuple(RunPoint("fl_fsdp", 128, 8, lr, outer="nesterov") for lr in (PAPER_LR, 3e-3))
-EXPERIMENTS = (*EXPERIMENTS,
-               Experiment("synthetic-tiny-nesterov", "tiny Llama, synthetic corpus: FL+FSDP "
-                          "128 x 4, K = 8 with DiLoCo's Nesterov outer step (lr 0.7, "
-                          "momentum 0.9)", points=NESTEROV),
-               Experiment("kjv-tiny-nesterov", "tiny Llama, King James Bible: as "
-                          "synthetic-tiny-nesterov", base={"data.source": "kjv"},
-                          points=NESTEROV))
+
+
+def on_both_corpora(name: str, what: str, points: tuple[RunPoint, ...]) -> tuple[Experiment, ...]:
+    """The same points on the synthetic corpus and on the King James Bible (tiny model)."""
+    return (Experiment(f"synthetic-tiny-{name}", f"tiny Llama, synthetic corpus: {what}",
+                       points=points),
+            Experiment(f"kjv-tiny-{name}", f"tiny Llama, King James Bible: {what}",
+                       base={"data.source": "kjv"}, points=points))
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    # The paper's pure-bf16 runs reduce FSDP's gradients in bf16 over all 512 ranks (511 rounded
+    # hops) but FL+FSDP's over the 4 ranks of a node: that comparison with the reduction emulated
+    *on_both_corpora("bf16-reduce", "FSDP (512 ranks) and FL+FSDP (128 x 4) with gradients "
+                     "reduced as a ring in bf16, FSDP1's pre/post division",
+                     (RunPoint("fsdp", 128, ring_dtype="bf16"),
+                      RunPoint("fl_fsdp", 128, 8, ring_dtype="bf16"))),
+    # FL variant (simfed issue 19): DiLoCo's Nesterov outer step on FL+FSDP's average, beside
+    # plain FedAvg (the synthetic-tiny and kjv-tiny files hold the plain runs)
+    *on_both_corpora("nesterov", "FL+FSDP 128 x 4, K = 8 with DiLoCo's Nesterov outer step "
+                     "(lr 0.7, momentum 0.9)",
+                     tuple(RunPoint("fl_fsdp", 128, 8, lr, outer="nesterov")
+                           for lr in (PAPER_LR, 3e-3))),
+)
 QUICK = {"training.steps": 8, "training.eval_sequences": 16}
 
 
