@@ -89,7 +89,7 @@ class GroupedTrainer:
         self.info = algorithm_info(algo.name)
         self.plan = plan = algo.plan(scenario.cluster)
         self.t = t = scenario.training
-        self.groups = plan.groups if self.info.federated else 1
+        self.groups = plan.groups  # 1 for FSDP and HSDP
         self.group_size = plan.world // self.groups
         self.k = algo.aggregate_every if self.info.federated else None
         self.seed, self.eval_every, self.keep_group_losses = seed, eval_every, keep_group_losses

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from simfed.spec import load_scenario
+from simfed.spec.paths import write_text_atomic
 
 from .converge import emulate
 from .data import load_corpus
@@ -160,10 +161,7 @@ def experiment(name: str) -> Experiment:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")
 
 
 def _round(xs: list[float]) -> list[float]:

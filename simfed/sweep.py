@@ -55,6 +55,7 @@ from typing import Any
 import click
 
 from .spec import SpecError
+from .spec.paths import write_text_atomic
 from .spec.scenario import LABEL_RE
 from .spec.yamlio import parse_yaml, read_yaml
 
@@ -689,22 +690,13 @@ def to_json(result: SweepResult) -> str:
                       allow_nan=False) + "\n"
 
 
-def _atomic_write(path: str | Path, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
 def write_outputs(result: SweepResult, *, csv_path: str | Path | None = None,
                   json_path: str | Path | None = None) -> list[Path]:
     written = []
     if csv_path:
-        written.append(_atomic_write(csv_path, to_csv(result.rows)))
+        written.append(write_text_atomic(csv_path, to_csv(result.rows)))
     if json_path:
-        written.append(_atomic_write(json_path, to_json(result)))
+        written.append(write_text_atomic(json_path, to_json(result)))
     return written
 
 

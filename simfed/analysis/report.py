@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ..spec.paths import write_text_atomic
 from ..spec.trace import Span, write_chrome, write_trace
 
 PHASE_ORDER = ("forward", "backward", "optimizer", "aggregation", "other")
@@ -151,13 +151,7 @@ def dumps(out: dict[str, Any]) -> str:
 
 def write_json(path: str | Path, out: dict[str, Any]) -> Path:
     """Atomic write: a crash never leaves a half-written file in place of a good one."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(out), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, dumps(out))
 
 
 def write_traces(directory: str | Path, out: dict[str, Any],

@@ -187,15 +187,14 @@ def attach(scn: Scenario, out: dict[str, Any]) -> None:
                          groups=a["models"], aggregate_every=a["aggregate_every"],
                          steps=t.steps, warmup_steps=t.warmup_steps, schedule=t.lr_schedule)
         shapes.append(shape)
-        point = curves_of(x, loss_init, shape)[0]
-        band = curves_of(draws, loss_init, shape) + shift
+        curves = curves_of(np.vstack([x, draws]), loss_init, shape)  # one integration
+        point, band = curves[0], curves[1:] + shift
         q = np.quantile(band, QUANTILES, axis=0)
         res: dict[str, Any] = {
             "loss_final": float(point[-1]), "perplexity_final": math.exp(point[-1]),
             "loss_final_interval": [float(q[0, -1]), float(q[2, -1])],
             "batch_tokens_per_model": shape.batch_tokens,
-            "loss_curve_steps": list(range(0, t.steps + 1)),
-            "loss_curve": [round(float(v), 5) for v in point],
+            "loss_curve": [round(float(v), 5) for v in point],  # after 0..steps steps
             "loss_curve_p10": [round(float(v), 5) for v in q[0]],
             "loss_curve_p90": [round(float(v), 5) for v in q[2]],
         }

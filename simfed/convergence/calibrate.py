@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -15,15 +14,10 @@ from typing import Any
 import yaml
 
 from ..spec import SpecError
+from ..spec.paths import write_text_atomic
 from .fit import critical_batch, fit_profile, holdout, read_study
 
 BOOTSTRAP_DRAWS = 40
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def calibrate_convergence(inputs: Iterable[Path], out: Path, report: Path,
@@ -39,9 +33,9 @@ def calibrate_convergence(inputs: Iterable[Path], out: Path, report: Path,
     header = (f"# simfed calibrate --convergence {inputs[0]} ({_dt.date.today().isoformat()})\n"
               "# the noise-limited progress model (simfed/convergence/model.py); include it as "
               "a scenario's convergence.profile\n")
-    _write_atomic(out, header + yaml.safe_dump(profile, sort_keys=False, width=100))
+    write_text_atomic(out, header + yaml.safe_dump(profile, sort_keys=False, width=100))
     rep: dict[str, Any] = {"profile": profile, "holdout": check, "critical_batch": crit}
-    _write_atomic(report, json.dumps(rep, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    write_text_atomic(report, json.dumps(rep, indent=2, sort_keys=True, allow_nan=False) + "\n")
     p = {k: math.exp(v) if k.startswith("log_") else v for k, v in profile["params"].items()}
     lines = [
         f"convergence fit: {profile['source']}",

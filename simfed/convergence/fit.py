@@ -56,7 +56,7 @@ def shape_of(run: dict[str, Any]) -> RunShape:
                     warmup_steps=run["warmup_steps"], schedule=run["lr_schedule"])
 
 
-def is_held_out(run: dict[str, Any], ranks_per_group: int) -> bool:
+def is_held_out(run: dict[str, Any]) -> bool:
     if run["algorithm"] == "fl_fsdp":
         return run["groups"] == HELD_OUT_GROUPS or run["aggregate_every"] == HELD_OUT_K
     return run["batch_per_model"] in HELD_OUT_FSDP_BATCH
@@ -159,8 +159,7 @@ def loss_init_of(runs: list[dict[str, Any]]) -> float:
 def fit_profile(study: dict[str, Any], *, hold_out: bool = True, draws: int = 0
                 ) -> dict[str, Any]:
     """The profile a scenario's `convergence.profile` takes (plain data)."""
-    ranks = study["ranks_per_group"]
-    runs = [r for r in paper_runs(study) if not (hold_out and is_held_out(r, ranks))]
+    runs = [r for r in paper_runs(study) if not (hold_out and is_held_out(r))]
     if not runs:
         raise SpecError(f"{study['path']}: no runs at the paper's learning rate to fit")
     loss_init = loss_init_of(runs)
@@ -200,10 +199,9 @@ def targets_for(runs: list[dict[str, Any]], loss_init: float) -> list[float]:
 
 def holdout(study: dict[str, Any]) -> dict[str, Any]:
     """Fit without the held-out configurations; predict their steps to each target."""
-    ranks = study["ranks_per_group"]
     runs = paper_runs(study)
-    fit_set = [r for r in runs if not is_held_out(r, ranks)]
-    check = [r for r in runs if is_held_out(r, ranks)]
+    fit_set = [r for r in runs if not is_held_out(r)]
+    check = [r for r in runs if is_held_out(r)]
     prof = fit_profile(study, hold_out=True)
     x = np.array([prof["params"][p] for p in PARAMS])
     targets = targets_for(fit_set, prof["loss_init"])

@@ -9,6 +9,17 @@ from pathlib import Path
 from .schema import SpecError
 
 
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` (UTF-8) to a temporary file beside `path`, then rename it over `path`: a
+    crash never leaves a half-written file in place of a good one. Creates missing folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
 def check_output(path: str | Path | None, option: str, *, folder: bool = False) -> None:
     """`path` (a file, or a folder with `folder`) can be written: it is not the wrong kind of
     thing, and it exists writable or its nearest existing parent is a writable folder (tried
