@@ -83,6 +83,7 @@ from typing import Any
 import click
 
 from simfed.spec import Scenario, Span, SpecError, algorithm_info, load_scenario, read_trace
+from simfed.spec.stats import expected_range_normal
 
 from .testbed import DEFAULT_PREFIX, TestbedError, kill_group, parse_sets, testbed_for
 
@@ -250,10 +251,6 @@ def _slowest_median(reps: dict[int, float]) -> tuple[float, float, int]:
     return statistics.median(vals), min(vals), len(vals)
 
 
-# expected range (max - min) of n standard normal draws, n = 2..8
-_NORMAL_RANGE = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847}
-
-
 def _rank_sds(reps: dict[Any, dict[int, float]]) -> tuple[list[float], list[float]]:
     """Per repetition with 2+ ranks: the standard deviation of a rank's value estimated from
     the range over its ranks (range / its expected value for that many normal draws), and the
@@ -264,7 +261,7 @@ def _rank_sds(reps: dict[Any, dict[int, float]]) -> tuple[list[float], list[floa
         if n < 2:
             continue
         d = list(ranks.values())
-        sds.append((max(d) - min(d)) / _NORMAL_RANGE.get(n, 3.0))
+        sds.append((max(d) - min(d)) / expected_range_normal(n))
         means.append(statistics.fmean(d))
     return sds, means
 

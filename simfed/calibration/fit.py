@@ -23,7 +23,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from ..collectives import collective_impl
-from ..engine.sim import expected_max_normal
+from ..spec.stats import expected_max_normal
 from ..hardware import Hardware
 from ..network.geometry import ring_load
 from ..network.links import NIC, NVLINK, SWITCH

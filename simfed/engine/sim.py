@@ -22,11 +22,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
 
-import numpy as np
 import simpy
-from scipy import special
 
 from ..collectives import collective_impl
 from ..collectives.nccl import NcclModel, engine_cost, nccl_model
@@ -36,6 +33,7 @@ from ..network.geometry import RingLoad, ring_load
 from ..network.links import GLOBAL, LEAF_UP, LINK_KINDS, NIC, NVLINK, SWITCH, LinkClass
 from ..spec.plan import ParallelPlan
 from ..spec.scenario import CommRuntime, HostRuntime
+from ..spec.stats import expected_max_normal
 from ..spec.units import us_to_s
 from .actors import Partition
 from .program import COLL, COMPUTE, HOSTWORK, SYNC, Op, Program
@@ -67,18 +65,6 @@ class ActorState:
 
 
 _ISSUED, _DONE = 0, 1
-
-
-@cache
-def expected_max_normal(n: int) -> float:
-    """E[max of n independent standard normal draws] (0 for one; 0.5642 for two, 1.0294 for
-    four), by quadrature of n x phi(x) Phi(x)^(n-1)."""
-    if n < 2:
-        return 0.0
-    x = np.linspace(-12.0, 12.0, 24001)
-    pdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
-    cdf = 0.5 * (1.0 + special.erf(x / math.sqrt(2)))
-    return float(np.sum(x * n * pdf * cdf ** (n - 1)) * (x[1] - x[0]))
 
 
 class _Rendezvous:
