@@ -23,11 +23,11 @@ import numpy as np
 from scipy import optimize, stats
 
 from ..collectives import collective_impl
-from ..spec.stats import expected_max_normal
 from ..hardware import Hardware
 from ..network.geometry import ring_load
 from ..network.links import NIC, NVLINK, SWITCH
 from ..spec.scenario import Scenario
+from ..spec.stats import expected_max_normal
 from ..spec.units import dtype_nbytes
 from .samples import ABS_OF_SD, Samples
 

@@ -19,11 +19,11 @@ from ..spec.algorithms import algorithm_info
 from ..spec.plan import PG_KINDS
 from ..spec.scenario import AlgorithmSpec, JitterSpec, Scenario
 from ..spec.schema import SpecError
+from ..spec.stats import expected_max_normal
 from ..spec.trace import PHASES, Span
 from ..spec.units import dtype_nbytes, us_to_s
 from .actors import partition
 from .program import StepTimes, build_program
-from ..spec.stats import expected_max_normal
 from .sim import Simulation
 from .timeline import actor_spans, busy_and_exposed, busy_share, peak_unsharded_bytes, step_bounds
 from .variants import apply_rounds, outer_step_s, round_model, variant_of
