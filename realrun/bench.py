@@ -83,9 +83,10 @@ from typing import Any
 import click
 
 from simfed.spec import Scenario, Span, SpecError, algorithm_info, load_scenario, read_trace
+from simfed.spec.overrides import parse_sets
 from simfed.spec.stats import expected_range_normal
 
-from .testbed import DEFAULT_PREFIX, TestbedError, kill_group, parse_sets, testbed_for
+from .testbed import DEFAULT_PREFIX, TestbedError, kill_group, testbed_for
 
 WORKER = "realrun.bench_worker"
 OPS = ("all_gather", "reduce_scatter", "all_reduce")

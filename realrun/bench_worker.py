@@ -57,9 +57,9 @@ from simfed.spec import (
     node_block_groups,
     to_plain,
 )
+from simfed.spec.overrides import parse_sets
 
 from .bench import GROUP_KINDS, OPS, PARTS
-from .config import parse_overrides
 from .errors import RealrunError
 from .unitbench import UnitBench, shard_sizes
 
@@ -564,7 +564,7 @@ def load(args: argparse.Namespace) -> Scenario | None:
     if not args.scenario:
         return None
     try:
-        return load_scenario(args.scenario, parse_overrides(args.overrides))
+        return load_scenario(args.scenario, parse_sets(args.overrides))
     except (SpecError, RealrunError) as exc:
         raise SystemExit(f"error: {exc}") from None
 

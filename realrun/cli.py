@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from simfed.spec import SpecError
+from simfed.spec.overrides import parse_sets
 
 from .errors import EXIT_BAD_INPUT, RealrunError
 
@@ -96,7 +97,7 @@ def converge_command(scenario: str, algorithm: str, seeds: str, eval_every: int,
 
     from simfed.spec import load_scenario
 
-    from .config import parse_overrides, select_algorithms
+    from .config import select_algorithms
     from .converge import emulate, perplexity
     from .data import load_corpus
 
@@ -108,7 +109,7 @@ def converge_command(scenario: str, algorithm: str, seeds: str, eval_every: int,
         raise RealrunError(f"--seeds {seeds!r}: expected integers separated by commas") from None
     if json_out is not None and not json_out.parent.exists():
         raise RealrunError(f"--json {json_out}: folder {json_out.parent} does not exist")
-    sc = load_scenario(scenario, parse_overrides(overrides))
+    sc = load_scenario(scenario, parse_sets(overrides))
     corpus = load_corpus(sc, Path(scenario))
     curves = []
     for algo in select_algorithms(sc, algorithm):

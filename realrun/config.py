@@ -4,23 +4,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from simfed.spec import AlgorithmSpec, Scenario, SpecError
-from simfed.spec.yamlio import parse_yaml
 
 from .errors import RealrunError
-
-
-def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """`KEY=VALUE` items (dotted scenario paths, YAML values) -> {key: value}."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise RealrunError(f"--set {item!r}: expected KEY=VALUE, e.g. training.steps=8")
-        out[key] = parse_yaml(value, f"--set {key}")  # bounded: simfed.spec.yamlio
-    return out
 
 
 def select_algorithms(scenario: Scenario, text: str) -> list[AlgorithmSpec]:

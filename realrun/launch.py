@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simfed.spec import load_scenario, read_trace
+from simfed.spec.overrides import parse_sets
 
-from .config import parse_overrides, parse_window, resolve_data_path, select_algorithms
+from .config import parse_window, resolve_data_path, select_algorithms
 from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_PEER_LOST, RealrunError
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -58,7 +59,7 @@ class RunRequest:
 
 def validate(req: RunRequest) -> tuple[int, bool]:
     """Check what can be checked before starting processes; returns (nproc, debug detail)."""
-    sc = load_scenario(req.scenario, parse_overrides(req.overrides))
+    sc = load_scenario(req.scenario, parse_sets(req.overrides))
     select_algorithms(sc, req.algorithm)
     if sc.data.source != "synthetic":
         if not sc.data.path:

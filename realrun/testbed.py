@@ -38,6 +38,7 @@ from typing import Any
 import click
 
 from simfed.spec import Scenario, SpecError, load_scenario
+from simfed.spec.overrides import parse_sets
 
 DEFAULT_PREFIX = "sfb"
 SUBNET_FMT = "10.213.{subnet}"  # private; exists only inside the testbed's namespaces
@@ -726,18 +727,6 @@ def testbed_status(prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # command line: realrun testbed up | down | status | run
-
-
-def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
-    from simfed.spec.yamlio import parse_yaml
-
-    out: dict[str, Any] = {}
-    for item in sets:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise click.UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. cluster.nodes=4")
-        out[key.strip()] = parse_yaml(value, f"--set {key.strip()}")  # bounded
-    return out
 
 
 def _load(scenario: str, sets: Sequence[str]) -> Scenario:

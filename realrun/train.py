@@ -43,9 +43,10 @@ from simfed.spec import (
     load_scenario,
     to_plain,
 )
+from simfed.spec.overrides import parse_sets
 
 from .collectives import CollectiveTap
-from .config import parse_overrides, parse_window, select_algorithms
+from .config import parse_window, select_algorithms
 from .data import EVAL_STREAM, TRAIN_STREAM, Sampler, eval_sequences, load_corpus, make_batch
 from .errors import (
     EXIT_BAD_INPUT,
@@ -98,7 +99,7 @@ class Launch:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.scenario_path = Path(args.scenario)
-        self.scenario = sc = load_scenario(self.scenario_path, parse_overrides(args.overrides))
+        self.scenario = sc = load_scenario(self.scenario_path, parse_sets(args.overrides))
         self.algorithms = select_algorithms(sc, args.algorithm)
         self.window = parse_window(args.profile_steps)
         self.placement = Placement.from_env(args.device)

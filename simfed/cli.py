@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .spec import SpecError
+from .spec.overrides import parse_sets
 from .spec.paths import check_output
 
 # exit statuses: 2 bad input (a SpecError, a usage error, a file that cannot be read or
@@ -79,22 +80,6 @@ class _Group(click.Group):
 @click.version_option(package_name="simfed")
 def main() -> None:
     """Simulate FSDP, HSDP, FL+FSDP and FL+HSDP training on GPU clusters."""
-
-
-def parse_sets(items: tuple[str, ...]) -> dict[str, object]:
-    """`--set cluster.nodes=64` -> {"cluster.nodes": 64} (values parsed as YAML scalars)."""
-    from .spec.yamlio import parse_yaml
-
-    out: dict[str, object] = {}
-    for item in items:
-        if "=" not in item:
-            raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. cluster.nodes=64")
-        key, _, raw = item.partition("=")
-        if raw.strip().lower() in ("on", "off", "yes", "no", "y", "n"):
-            out[key.strip()] = raw.strip()  # YAML 1.1 would read these as booleans
-            continue
-        out[key.strip()] = parse_yaml(raw, f"--set {key}")  # with yamlio's limits
-    return out
 
 
 _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",

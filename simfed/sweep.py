@@ -47,7 +47,7 @@ import time
 import types
 import typing
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from typing import Any
 import click
 
 from .spec import SpecError
+from .spec.overrides import parse_sets
 from .spec.paths import write_text_atomic
 from .spec.scenario import LABEL_RE
 from .spec.yamlio import parse_yaml, read_yaml
@@ -200,17 +201,6 @@ def parse_vary(item: str) -> Axis:
         raise SpecError(f"--vary {item!r}: empty key")
     values = parse_values(rhs, f"--vary {lhs.strip()}")
     return Axis(keys=keys, values=tuple((v,) * len(keys) for v in values))
-
-
-def parse_sets(items: Iterable[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` items (values parsed as YAML scalars), as `simfed run --set`."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. training.steps=16")
-        key, _, raw = item.partition("=")
-        out[key.strip()] = parse_yaml(raw, f"--set {key}")  # with simfed.spec.yamlio's limits
-    return out
 
 
 def is_sweep_file(path: str | Path) -> bool:

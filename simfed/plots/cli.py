@@ -25,7 +25,8 @@ def _read_json(path: str) -> Any:
 
 
 def _rows(inputs: tuple[str, ...], where: tuple[str, ...]) -> list[dict[str, Any]]:
-    from ..sweep import parse_sets, read_rows
+    from ..spec.overrides import parse_sets
+    from ..sweep import read_rows
     from .common import param
 
     rows = [r for p in inputs for r in read_rows(p)]
@@ -39,7 +40,7 @@ def _rows(inputs: tuple[str, ...], where: tuple[str, ...]) -> list[dict[str, Any
 def _simulate(scenario: str, sets: tuple[str, ...], trace_steps: int | None = None):
     from ..engine import simulate
     from ..spec import load_scenario
-    from ..sweep import parse_sets
+    from ..spec.overrides import parse_sets
 
     overrides = parse_sets(sets)
     if trace_steps is not None:

@@ -318,8 +318,9 @@ def test_summary_of_the_free_running_loop_says_how_far_apart_ranks_arrive(tmp_pa
                  dur_s=0.01 * (rank + 1), attrs={**attrs, "beside": beside, "coll_s": 0.04})
             for beside, times in arrive.items() for i in range(2)])
     rows = {r["beside"]: r for r in summarize(tmp_path)["compute"]}
-    assert rows["idle"]["arrival_sd_s"] == pytest.approx((0.001 + 0.003) / 2 / 1.128)
-    assert rows["busy"]["arrival_sd_s"] == pytest.approx((0.010 + 0.030) / 2 / 1.128)
+    d2 = 2 / math.sqrt(math.pi)  # E[range of 2 standard normal draws] = 2/sqrt(pi) = 1.128
+    assert rows["idle"]["arrival_sd_s"] == pytest.approx((0.001 + 0.003) / 2 / d2)
+    assert rows["busy"]["arrival_sd_s"] == pytest.approx((0.010 + 0.030) / 2 / d2)
     assert rows["busy"]["time_s"] == pytest.approx(0.015)  # median of the ranks' blocks
     assert rows["busy"]["coll_time_s"] == pytest.approx(0.04)
     assert rows["busy"]["samples"] == 2 and rows["busy"]["phase"] == "loop"

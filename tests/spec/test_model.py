@@ -1,5 +1,7 @@
 """Model arithmetic against published parameter counts."""
 
+import math
+
 import pytest
 
 from simfed.spec import ModelSpec, SpecError
@@ -45,3 +47,13 @@ def test_flops_per_token_is_6n_plus_attention():
 def test_bad_head_split_names_the_numbers():
     with pytest.raises(SpecError, match=r"4096 is not divisible by model\.heads 30"):
         llama8b(heads=30)
+
+
+def test_expected_order_statistics_of_normal_draws():
+    """Tippett's tabulated d2 (expected range of n standard normal draws) and E[max]."""
+    from simfed.spec.stats import expected_max_normal, expected_range_normal
+
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    for n, d2 in {2: 1.128, 4: 2.059, 8: 2.847, 10: 3.078, 25: 3.931}.items():
+        assert expected_range_normal(n) == pytest.approx(d2, abs=6e-4)

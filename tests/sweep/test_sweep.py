@@ -264,3 +264,19 @@ def test_cli_sweep_file_plus_command_line_axes(tmp_path):
     assert [r["params"] for r in rows] == [
         {"cluster.nodes": n, "training.micro_batch": b} for n in (1, 2) for b in (1, 2)]
     assert {r["steps"] for r in rows} == {1}
+
+
+def test_sweep_set_is_parsed_as_simfed_run_parses_it(tmp_path):
+    """One `--set` parser for every command: `off` stays the word (YAML 1.1 would read False)."""
+    from simfed.spec.overrides import parse_sets
+
+    assert parse_sets(["runtime.host.debug_checks=off", "cluster.nodes=3"]) == {
+        "runtime.host.debug_checks": "off", "cluster.nodes": 3}
+    with pytest.raises(SpecError, match="--set 'cluster.nodes': expected KEY=VALUE"):
+        parse_sets(["cluster.nodes"])
+    res = CliRunner().invoke(main, ["sweep", TINY, "--vary", "cluster.nodes=2",
+                                    "--set", "runtime.host.debug_checks=off",
+                                    "--set", "training.steps=1", "-a", "fsdp",
+                                    "--out", str(tmp_path), "-j", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "1 ok" in res.output
