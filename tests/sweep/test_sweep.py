@@ -272,7 +272,7 @@ def test_sweep_set_is_parsed_as_simfed_run_parses_it(tmp_path):
 
     assert parse_sets(["runtime.host.debug_checks=off", "cluster.nodes=3"]) == {
         "runtime.host.debug_checks": "off", "cluster.nodes": 3}
-    with pytest.raises(SpecError, match="--set 'cluster.nodes': expected KEY=VALUE"):
+    with pytest.raises(SpecError, match=r"--set 'cluster\.nodes': expected KEY=VALUE"):
         parse_sets(["cluster.nodes"])
     res = CliRunner().invoke(main, ["sweep", TINY, "--vary", "cluster.nodes=2",
                                     "--set", "runtime.host.debug_checks=off",
