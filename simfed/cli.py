@@ -287,10 +287,12 @@ def validate(scenario: Path | None, published: Path | None, only_set: str | None
         console.print(f"  speedup {s['name']}: measured {s['measured']:.2f}x (launches "
                       f"{min(spread):.2f}-{max(spread):.2f}x), predicted "
                       f"{s['predicted']:.2f}x ({100 * s['error']:+.1f}%)", highlight=False)
-    sm = res["summary"]
-    console.print(f"  median |error| {100 * sm['median_abs_error']:.1f}% over {sm['runs']} runs; "
-                  f"worst {sm['worst']['name']} {100 * sm['worst']['error']:+.1f}%",
-                  highlight=False)
+    for split, sm in res["summary"].items():  # the fit set, then the held-out check set
+        if sm["median_abs_error"] is None:
+            continue
+        console.print(f"  {split} set: median |error| {100 * sm['median_abs_error']:.1f}% over "
+                      f"{sm['runs']} runs; worst {sm['worst']['name']} "
+                      f"{100 * sm['worst']['error']:+.1f}%", highlight=False)
     if json_path:
         write_json(json_path, res)
         click.echo(f"wrote {json_path}")

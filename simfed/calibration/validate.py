@@ -45,6 +45,12 @@ def default_shapes(scn: Scenario) -> tuple[ValidationShape, ...]:
     )
 
 
+def shape_sets(scn: Scenario) -> tuple[tuple[str, ValidationShape], ...]:
+    """The scenario's shapes with their set, "fit" or "check" (the fit set first); a scenario
+    without shapes gets `default_shapes` as its fit set."""
+    return scn.validation.sets() or tuple(("fit", s) for s in default_shapes(scn))
+
+
 def _fmt_sets(sets: dict[str, Any]) -> list[str]:
     out = []
     for k, v in sorted(sets.items()):
@@ -151,7 +157,9 @@ def _calibrate(scn: Scenario, samples: Samples, out: Path, shape: str, source: s
 def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
              reuse: bool = True, skip_runs: bool = False) -> dict[str, Any]:
     scn = load_scenario(scenario)
-    shapes = scn.validation.shapes or default_shapes(scn)
+    splits = shape_sets(scn)
+    shapes = [s for _split, s in splits]
+    split_of = {s.name: split for split, s in splits}
     runner = Runner(echo)
     out.mkdir(parents=True, exist_ok=True)
     # ---- 1. benchmarks
@@ -219,7 +227,8 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
             p = by_name[pscn.algorithm(a).name]
             err = (p["step_time_s"] - m["step_time_s"]) / m["step_time_s"]
             rows.append({
-                "name": f"{shape.name}/{a}", "shape": shape.name, "set": sets, "algorithm": a,
+                "name": f"{shape.name}/{a}", "shape": shape.name, "split": split_of[shape.name],
+                "baseline": a in shape.baselines, "set": sets, "algorithm": a,
                 "profile": str(shape_profile),
                 "predicted_step_time_s": p["step_time_s"],
                 "measured_step_time_s": m["step_time_s"], "error": err,
@@ -246,13 +255,11 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                 ms = statistics.median(per_launch)
                 ps = got[slow]["predicted_step_time_s"] / got[fast]["predicted_step_time_s"]
                 speedups.append({"name": f"{shape.name}: {fast}/{slow}", "shape": shape.name,
+                                 "split": split_of[shape.name],
                                  "pair": f"{fast}/{slow}", "measured": ms, "predicted": ps,
                                  "error": (ps - ms) / ms, "measured_launches": per_launch,
                                  "measured_of_medians": got[slow]["measured_step_time_s"]
                                  / got[fast]["measured_step_time_s"]})
-    abs_err = [abs(r["error"]) for r in rows]
-    worst = max(rows, key=lambda r: abs(r["error"])) if rows else None
-    main_pairs = [s for s in speedups if s["pair"] == "fl_fsdp/fsdp"]
     result = {
         "scenario": scn.name,
         "profile": str(profile_path),
@@ -260,13 +267,31 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                         for k, v in report["fits"].items()},
         "runs": rows,
         "speedups": speedups,
-        "summary": {
-            "runs": len(rows),
-            "median_abs_error": statistics.median(abs_err) if abs_err else None,
-            "mean_abs_error": statistics.fmean(abs_err) if abs_err else None,
-            "worst": {"name": worst["name"], "error": worst["error"]} if worst else None,
-            "fl_fsdp_over_fsdp_max_abs_error":
-                max((abs(s["error"]) for s in main_pairs), default=None),
-        },
+        "check_shapes": [{"name": s.name, "set": dict(s.set or {}),
+                          "algorithms": list(s.algorithms), "baselines": list(s.baselines)}
+                         for split, s in splits if split == "check"],
+        "summary": {split: summarize([r for r in rows if r["split"] == split],
+                                     [s for s in speedups if s["split"] == split])
+                    for split in ("fit", "check") if any(r["split"] == split for r in rows)},
     }
     return result
+
+
+def summarize(rows: list[dict[str, Any]], speedups: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step-time errors (baseline rows left out: their configuration is another shape's) and
+    the FL+FSDP / FSDP speedups' errors of one set of runs."""
+    scored = [r for r in rows if not r.get("baseline")]
+    abs_err = [abs(r["error"]) for r in scored]
+    worst = max(scored, key=lambda r: abs(r["error"])) if scored else None
+    main_pairs = [s for s in speedups if s["pair"] == "fl_fsdp/fsdp"]
+    return {
+        "runs": len(scored),
+        "median_abs_error": statistics.median(abs_err) if abs_err else None,
+        "mean_abs_error": statistics.fmean(abs_err) if abs_err else None,
+        "worst": {"name": worst["name"], "error": worst["error"]} if worst else None,
+        "fl_fsdp_over_fsdp_max_abs_error":
+            max((abs(s["error"]) for s in main_pairs), default=None),
+        "fl_fsdp_over_fsdp_within_15pct":
+            sum(abs(s["error"]) <= 0.15 for s in main_pairs) if main_pairs else None,
+        "fl_fsdp_over_fsdp_pairs": len(main_pairs),
+    }

@@ -22,6 +22,7 @@ from .limits import MAX_EMULATED_RANKS, MAX_WORLD
 from .model import ModelSpec
 from .plan import ParallelPlan
 from .schema import SpecError, build, param, to_plain
+from .shared_cores import SharedCoresSpec
 from .yamlio import MAX_NODES, expanded_size, read_yaml
 
 SCHEMA_VERSION = 1
@@ -306,20 +307,6 @@ class ComputeRuntime:
     fedavg_local_GBps: float = param(
         0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
         "averaged buffer per second (0 = free)")
-    out_of_step_slowdown: float = param(
-        0.0, ge=0, doc="CPU testbeds: compute on a host core shared with busy ranks out of step "
-        "with it (another federation group's) takes (1 + this) times as long as beside ranks "
-        "computing in step (`realrun bench`'s compute-beside-busy case)")
-    out_of_step_cv: float = param(
-        0.0, ge=0, doc="... and runs unevenly across ranks: the relative standard deviation of a "
-        "rank's compute time beyond that of ranks in step; the group then waits at each "
-        "collective for its latest member")
-    group_drift_ms_per_sqrt_s: float = param(
-        0.0, ge=0, doc="how far federation groups on cores (nodes) of their own drift apart "
-        "between FedAvg rounds: the standard deviation of a rank's progress after 1 s of "
-        "independent work, growing as the square root of the time (a random walk); the FedAvg "
-        "all-reduce then waits for the group's latest member (`realrun bench`'s drift case; "
-        "0 = groups stay in step)")
 
     def __post_init__(self) -> None:
         if not self.gemm_tiles:
@@ -367,22 +354,6 @@ class CommRuntime:
         "of two ranks where they differ (gloo: one exchange each way with a single peer); "
         "missing: 1.0 (a pair without its own: the domain's)")
 
-    op_host_us_per_MB: dict[str, float | dict[str, float]] = param(
-        None, doc="per collective: host time per MB of its ring bytes that does not scale with "
-        "the link rate (CPU ranks: copies, reductions, the kernel's network stack on the node's "
-        "cores), times the ranks sharing a core; added to the wire time (gloo does it between "
-        "its transfers); a number, or {intra: t, inter: t}; missing: 0")
-
-    out_of_step_slowdown: float = param(
-        0.0, ge=0, doc="CPU testbeds: a collective whose ranks share host cores with busy ranks "
-        "out of step with it takes (1 + this) times as long as when those ranks run the same "
-        "collective in step (`realrun bench`'s one-group-beside-busy cases). Federation groups "
-        "on shared cores are out of step between FedAvg rounds; a collective meets the other "
-        "group's work for the share of time that group is busy (independent phases)")
-    out_of_step_cv: float = param(
-        0.0, ge=0, doc="... and its ranks finish it unevenly: the relative standard deviation of "
-        "a rank's collective time beyond that of ranks in step")
-
     def __post_init__(self) -> None:
         bad = sorted(set(self.nccl_algorithms) - {"ring", "tree", "pat", "nvls"})
         if bad or not self.nccl_algorithms:
@@ -392,18 +363,16 @@ class CommRuntime:
         if len(parts) < 2 or not all(p.isdigit() for p in parts):
             raise SpecError(f"runtime.comm.nccl_version: expected a release like 2.23, got "
                             f"{self.nccl_version!r}")
-        for key, ok, bound in (("op_bw_factor", lambda v: v > 0, "> 0"),
-                               ("op_host_us_per_MB", lambda v: v >= 0, ">= 0")):
-            for op, f in (getattr(self, key) or {}).items():
-                where = f"runtime.comm.{key}.{op}"
-                if op not in ("all_gather", "reduce_scatter", "all_reduce"):
-                    raise SpecError(f"{where}: expected all_gather, reduce_scatter or all_reduce")
-                for dom, v in (f.items() if isinstance(f, dict) else [("", f)]):
-                    if dom not in ("", *DOMAINS):
-                        raise SpecError(f"{where}.{dom}: expected one of {', '.join(DOMAINS)}")
-                    if not ok(v):
-                        raise SpecError(f"{where}{'.' + dom if dom else ''}: expected a number "
-                                        f"{bound}, got {v!r}")
+        for op, f in (self.op_bw_factor or {}).items():
+            where = f"runtime.comm.op_bw_factor.{op}"
+            if op not in ("all_gather", "reduce_scatter", "all_reduce"):
+                raise SpecError(f"{where}: expected all_gather, reduce_scatter or all_reduce")
+            for dom, v in (f.items() if isinstance(f, dict) else [("", f)]):
+                if dom not in ("", *DOMAINS):
+                    raise SpecError(f"{where}.{dom}: expected one of {', '.join(DOMAINS)}")
+                if not v > 0:
+                    raise SpecError(f"{where}{'.' + dom if dom else ''}: expected a number "
+                                    f"> 0, got {v!r}")
 
     @staticmethod
     def _per_op(table: dict | None, op: str, intra: bool, default: float,
@@ -419,10 +388,6 @@ class CommRuntime:
         """Achieved-bandwidth factor of collective `op` inside a node (`intra`) or across; a
         ring of two ranks (`pair`) may have its own."""
         return self._per_op(self.op_bw_factor, op, intra, 1.0, pair)
-
-    def host_s_per_byte(self, op: str, intra: bool) -> float:
-        """Link-rate-independent host seconds per ring byte of collective `op`."""
-        return self._per_op(self.op_host_us_per_MB, op, intra, 0.0) * 1e-12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -454,6 +419,7 @@ class RuntimeSpec:
     comm: CommRuntime = CommRuntime()
     host: HostRuntime = HostRuntime()
     memory: MemoryRuntime = MemoryRuntime()
+    shared_cores: SharedCoresSpec = SharedCoresSpec()  # ranks sharing host cores (CPU testbeds)
     provenance: dict[str, str] = param(None, doc="where each calibrated number came from")
 
 
@@ -600,11 +566,20 @@ class ValidationShape:
     name: str
     set: dict[str, Any] = param(None, doc="dotted overrides of the scenario for this shape")
     algorithms: tuple[str, ...] = ()  # empty: every algorithm of the scenario
+    baselines: tuple[str, ...] = param(
+        (), doc="algorithms of this shape run only as its speedups' denominators (their "
+        "configuration is another shape's): left out of the step-time error statistics")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ValidationSpec:
-    shapes: tuple[ValidationShape, ...] = ()
+    shapes: tuple[ValidationShape, ...] = ()  # the fit set's shapes (older scenarios)
+    fit: tuple[ValidationShape, ...] = param(
+        (), doc="shapes the model may be developed on (reported apart from the check set); "
+        "with `shapes`, both are the fit set")
+    check: tuple[ValidationShape, ...] = param(
+        (), doc="held-out shapes, chosen before any of their results was seen and never tuned "
+        "on: the validation's claim is the check set's")
     repeats: int = param(1, ge=1, doc="end-to-end launches per shape (the median is compared)")
     bench_sets: tuple[dict[str, Any], ...] = param(
         (), doc="extra overrides to run the benchmarks at (other layouts, link rates, model "
@@ -619,6 +594,14 @@ class ValidationSpec:
         if bad:
             raise SpecError(f"validation.rebench: {', '.join(bad)} is not a compute part of "
                             f"`realrun bench` (expected some of {', '.join(REBENCH_PARTS)})")
+
+    @property
+    def fit_shapes(self) -> tuple[ValidationShape, ...]:
+        return (*self.shapes, *self.fit)
+
+    def sets(self) -> tuple[tuple[str, ValidationShape], ...]:
+        """Every shape with its set ("fit" or "check"), fit set first."""
+        return (*(("fit", s) for s in self.fit_shapes), *(("check", s) for s in self.check))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -720,7 +703,7 @@ class Scenario:
         """Every validation shape's and bench set's overrides give a valid scenario, and a
         shape's algorithms are in it: at load time, not partway through `simfed validate`."""
         v = self.validation
-        if not (v.shapes or v.bench_sets):
+        if not (v.shapes or v.fit or v.check or v.bench_sets):
             return
         base = _without_none(to_plain(self))
         base.pop("validation")
@@ -734,23 +717,29 @@ class Scenario:
             except SpecError as exc:
                 raise SpecError(f"{where}: {exc}") from None
 
-        seen: dict[str, int] = {}
-        for i, shape in enumerate(v.shapes):
-            where = f"validation.shapes[{i}]"
+        seen: dict[str, str] = {}
+        named = [(f"validation.{key}[{i}]", shape) for key in ("shapes", "fit", "check")
+                 for i, shape in enumerate(getattr(v, key))]
+        for where, shape in named:
             if not LABEL_RE.fullmatch(shape.name) or ".." in shape.name:
                 raise SpecError(f"{where}.name: {shape.name!r} is not a name (letters, digits, "
                                 "space, + . _ ( ) -, at most 64, no '..'); it names the shape's "
                                 "run folder")
             if shape.name in seen:
-                raise SpecError(f"{where}.name: {shape.name!r} is also validation.shapes"
-                                f"[{seen[shape.name]}]'s name (each shape has its run folder)")
-            seen[shape.name] = i
+                raise SpecError(f"{where}.name: {shape.name!r} is also {seen[shape.name]}'s "
+                                "name (each shape has its run folder)")
+            seen[shape.name] = where
             scn = variant(shape.set, f"{where}.set") if shape.set else self
             for j, name in enumerate(shape.algorithms):
                 try:
                     scn.algorithm(name)
                 except SpecError as exc:
                     raise SpecError(f"{where}.algorithms[{j}]: {exc}") from None
+            runs = shape.algorithms or tuple(a.label or a.name for a in scn.algorithms)
+            for j, name in enumerate(shape.baselines):
+                if name not in runs:
+                    raise SpecError(f"{where}.baselines[{j}]: {name!r} is not one of the "
+                                    f"shape's algorithms ({', '.join(runs)})")
         for i, sets in enumerate(v.bench_sets):
             where = f"validation.bench_sets[{i}]"
             sets = dict(sets)

@@ -89,7 +89,8 @@ def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
     assert rows["fsdp"]["predicted_rest_s"] == pytest.approx(
         rows["fsdp"]["predicted_step_time_s"] - rows["fsdp"]["predicted_comm_s"])
     errs = [abs(r["error"]) for r in res["runs"]]
-    assert res["summary"]["median_abs_error"] == pytest.approx(statistics.median(errs))
+    assert res["summary"]["fit"]["median_abs_error"] == pytest.approx(statistics.median(errs))
+    assert "check" not in res["summary"]  # `shapes:` is the fit set
     # calibrated on both link rates (10 and 5 Gb/s, each sample scaled to its own), never on
     # the runs: the wire comes out at the scenario's 10 Gb/s, the bench's latencies as TRUE's
     prof = load_scenario(scn_path, profile=res["profile"])
@@ -99,6 +100,45 @@ def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
     # ... and the testbed facts the bench recorded came along
     assert prof.cluster.host_cores == 2
     assert prof.runtime.comm.reduce_scatter_impl == "all_reduce"
+
+
+def test_check_set_is_reported_apart_and_baselines_are_not_scored(tmp_path):
+    import shutil
+
+    scn_path = tmp_path / "scn.yaml"
+    scn_path.write_text(
+        f"include: {TINY}\n"
+        "validation:\n"
+        "  repeats: 3\n"
+        "  fit: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n"
+        "  check: [{name: k1, set: {algorithms.fl_fsdp.aggregate_every: 1},\n"
+        "           algorithms: [fsdp, fl_fsdp], baselines: [fsdp]}]\n")
+    out = tmp_path / "out"
+    _bench(out / "bench" / "set0", 10.0)
+    _launches(out)
+    shutil.copytree(out / "runs" / "base", out / "runs" / "k1")
+    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
+    splits = {r["name"]: (r["split"], r["baseline"]) for r in res["runs"]}
+    assert splits == {"base/fsdp": ("fit", False), "base/fl_fsdp": ("fit", False),
+                      "k1/fsdp": ("check", True), "k1/fl_fsdp": ("check", False)}
+    fit, check = res["summary"]["fit"], res["summary"]["check"]
+    assert (fit["runs"], check["runs"]) == (2, 1)  # the baseline FSDP run is not scored
+    k1 = next(r for r in res["runs"] if r["name"] == "k1/fl_fsdp")
+    assert check["median_abs_error"] == pytest.approx(abs(k1["error"]))
+    assert check["fl_fsdp_over_fsdp_pairs"] == 1
+    assert [s["split"] for s in res["speedups"] if s["pair"] == "fl_fsdp/fsdp"] == \
+        ["fit", "check"]
+    assert [c["name"] for c in res["check_shapes"]] == ["k1"]
+
+
+def test_baselines_must_be_algorithms_of_the_shape(tmp_path):
+    from simfed.spec import SpecError
+
+    scn_path = tmp_path / "scn.yaml"
+    scn_path.write_text(f"include: {TINY}\nvalidation: {{check: [{{name: a, algorithms: "
+                        "[fl_fsdp], baselines: [fsdp]}]}\n")
+    with pytest.raises(SpecError, match=r"validation.check\[0\].baselines\[0\]: 'fsdp' is not"):
+        load_scenario(scn_path)
 
 
 def test_validate_without_measurements_names_the_missing_shape(tmp_path):

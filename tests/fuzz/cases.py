@@ -244,7 +244,7 @@ def key_mutations(key: Key, rng: random.Random) -> list[tuple[str, Any, str]]:
     if k == "str":
         # labels and shape names name files: they must be names (the contract)
         names_a_file = key.name == "label" or bool(
-            re.fullmatch(r"validation\.shapes\[\d+\]\.name", key.dotted))
+            re.fullmatch(r"validation\.(shapes|fit|check)\[\d+\]\.name", key.dotted))
         bad_name = INVALID if names_a_file else EITHER
         out.append(("empty string", "", INVALID if key.name == "name" and names_a_file
                     else EITHER))
