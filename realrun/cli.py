@@ -55,14 +55,17 @@ def main() -> None:
 @click.option("--dump-fedavg", is_flag=True,
               help="save every rank's shards before and after each FedAvg round (checks)")
 @click.option("--kill-rank", type=int, default=-1, help="fault injection: this rank ...")
-@click.option("--kill-at-step", type=int, default=-1, help="... at the start of this step")
+@click.option("--kill-at-step", type=int, default=-1, help="... at this step")
 @click.option("--kill-signal", type=click.Choice(["KILL", "STOP"]), default="KILL",
               show_default=True, help="... with SIGKILL (dies) or SIGSTOP (hangs)")
+@click.option("--kill-in", type=click.Choice(["step", "aggregation"]), default="step",
+              show_default=True,
+              help="... at the step's start, or inside its FedAvg round (peers in the all-reduce)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress lines")
 def run_command(scenario: str, algorithm: str, out: Path, nproc: int | None,
                 overrides: tuple[str, ...], device: str, timeout_s: float, profile_steps: str,
                 dump_fedavg: bool, kill_rank: int, kill_at_step: int, kill_signal: str,
-                quiet: bool) -> None:
+                kill_in: str, quiet: bool) -> None:
     """Train SCENARIO's ALGORITHM on this host with torchrun (one process per rank)."""
     from simfed.spec.paths import check_output
 
@@ -73,7 +76,7 @@ def run_command(scenario: str, algorithm: str, out: Path, nproc: int | None,
         scenario=scenario, algorithm=algorithm, out=out, nproc=nproc, overrides=overrides,
         device=device, timeout_s=timeout_s, profile_steps=profile_steps,
         dump_fedavg=dump_fedavg, kill_rank=kill_rank, kill_at_step=kill_at_step,
-        kill_signal=kill_signal, echo=not quiet,
+        kill_signal=kill_signal, kill_in=kill_in, echo=not quiet,
     ))
     sys.exit(code)
 

@@ -54,6 +54,7 @@ class RunRequest:
     kill_rank: int = -1
     kill_at_step: int = -1
     kill_signal: str = "KILL"
+    kill_in: str = "step"
     echo: bool = True
 
 
@@ -96,7 +97,7 @@ def torchrun_command(req: RunRequest, nproc: int) -> list[str]:
         cmd.append("--dump-fedavg")
     if req.kill_rank >= 0:
         cmd += ["--kill-rank", str(req.kill_rank), "--kill-at-step", str(req.kill_at_step),
-                "--kill-signal", req.kill_signal]
+                "--kill-signal", req.kill_signal, "--kill-in", req.kill_in]
     return cmd
 
 

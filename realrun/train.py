@@ -86,7 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="save each rank's shards before and after every FedAvg round "
                     "(DIR/fedavg/round{n}_rank{r}.pt), for checks")
     ap.add_argument("--kill-rank", type=int, default=-1, help="fault injection: this rank ...")
-    ap.add_argument("--kill-at-step", type=int, default=-1, help="... at the start of this step")
+    ap.add_argument("--kill-at-step", type=int, default=-1, help="... at this step")
+    ap.add_argument("--kill-in", default="step", choices=("step", "aggregation"),
+                    help="... at its start, or inside its FedAvg round (before the all-reduce)")
     ap.add_argument("--kill-signal", default="KILL", choices=("KILL", "STOP"),
                     help="... sends itself SIGKILL (dies) or SIGSTOP (hangs)")
     return ap.parse_args(argv)
@@ -233,7 +235,7 @@ class Trainer:
                 if not stopped:
                     began = time.perf_counter()
                     with tracer.phase_span("other"):
-                        self._maybe_die(step)
+                        self._maybe_die(step, "step")
                         idx = self.sampler.train_indices(step, self.rank)
                         inputs, targets, _ = make_batch(self.corpus, TRAIN_STREAM, idx,
                                                         self.placement.device)
@@ -304,8 +306,11 @@ class Trainer:
         del self.model, self.opt, self.sched, self.fedavg
         dist.barrier()
 
-    def _maybe_die(self, step: int) -> None:
-        if self.rank == self.args.kill_rank and step == self.args.kill_at_step:
+    def _maybe_die(self, step: int, where: str) -> None:
+        """Fault injection (tests): this rank dies (SIGKILL) or hangs (SIGSTOP) at the start
+        of a step, or inside its FedAvg round while its peers are in the all-reduce."""
+        a = self.args
+        if self.rank == a.kill_rank and step == a.kill_at_step and where == a.kill_in:
             os.kill(os.getpid(), signal.Signals[f"SIG{self.args.kill_signal}"])
 
     def _round_over(self, elapsed_s: float, next_step_s: float) -> bool:
@@ -356,6 +361,7 @@ class Trainer:
             with self.tracer.phase_span("other", dump="fedavg"):
                 pre = [t.detach().clone() for t in local_shards(self.model)]
         with self.tracer.phase_span("aggregation", round=round_index):
+            self._maybe_die(step, "aggregation")
             seen = self.fedavg(steps_taken, participate)
         self.fl_rounds.append({"step": step, "steps_taken": steps_taken,
                                "participated": participate, **seen})
@@ -448,6 +454,8 @@ def main(argv: list[str] | None = None) -> None:
         code = _fail(rank, str(exc), EXIT_PEER_LOST)
     except (RealrunError, SpecError) as exc:
         code = _fail(rank, str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:  # the environment: a full disk, a file-size limit, permissions
+        code = _fail(rank, f"{exc.filename or 'a file'}: {exc.strerror or exc}", EXIT_BAD_INPUT)
     except Exception as exc:
         tap = trainer.tap if trainer is not None else None
         if tap is not None and tap.failure:  # a collective failed inside an autograd hook

@@ -16,6 +16,7 @@ last line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -76,27 +77,48 @@ def header_line(meta: dict[str, Any]) -> str:
 
 
 class TraceWriter:
-    """Append spans to a JSONL trace, one flushed line each (crash-safe prefix)."""
+    """Append spans to a JSONL trace, one whole line per write (crash-safe prefix). A write that
+    fails (a full disk, a file-size limit) is undone back to the last whole line and raised as
+    an OSError naming the file; the writer then refuses further lines, so what was written
+    before stays a valid trace."""
 
     def __init__(self, path: str | Path, meta: dict[str, Any], *, fsync: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._fsync = fsync
+        self._size = 0  # bytes of whole lines written
+        self.failed: OSError | None = None
         self._write(header_line(meta))
 
     def _write(self, line: str) -> None:
-        self._fh.write(line + "\n")
-        self._fh.flush()
-        if self._fsync:
-            os.fsync(self._fh.fileno())
+        if self._fd is None:
+            if self.failed is not None:
+                raise self.failed
+            raise ValueError(f"{self.path}: trace already closed")
+        data = (line + "\n").encode("utf-8")
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # a torn line must not stay behind
+                os.ftruncate(self._fd, self._size)
+            self.close()
+            self.failed = OSError(exc.errno, f"{exc.strerror}; the trace keeps its "
+                                  f"{self._size:,} bytes written before", str(self.path))
+            raise self.failed from None
+        self._size += len(data)
 
     def write(self, span: Span) -> None:
         self._write(span.to_json())
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
     def __enter__(self) -> TraceWriter:
         return self

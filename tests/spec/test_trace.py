@@ -47,3 +47,34 @@ def test_wall_step_times_add_up_to_the_wall_time_when_groups_run_out_of_phase():
     assert sum(times) == pytest.approx(20.0)  # from the first rank's start to the last end
     slowest = [max(r[s][1] - r[s][0] for r in (a, b)) for s in range(4)]
     assert sum(slowest) == pytest.approx(25.0)
+
+
+def test_a_failed_write_leaves_the_trace_whole_and_names_the_file(tmp_path, monkeypatch):
+    """A disk that fills mid-line: the torn line is cut off, the error names the file, and the
+    writer refuses more lines (closing afterwards is harmless)."""
+    import errno
+    import os
+
+    p = tmp_path / "t.jsonl"
+    w = TraceWriter(p, {"source": "test", "world_size": 1})
+    span = Span(name="forward", cat="compute", rank=0, step=0, start_s=0.0, dur_s=1.0)
+    w.write(span)
+    whole = p.read_bytes()
+    real_write, calls = os.write, []
+
+    def full_disk(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))  # half a line fits
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError, match="No space left on device") as err:
+        w.write(span)
+    assert err.value.filename == str(p) and f"{len(whole):,} bytes" in str(err.value)
+    assert p.read_bytes() == whole  # the half line is gone
+    with pytest.raises(OSError):
+        w.write(span)
+    w.close()
+    meta, spans = read_trace(p)
+    assert meta["source"] == "test" and spans == [span]
