@@ -5,41 +5,45 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from ..spec import SpecError
+from ..spec.models import FrozenModel
 from ..spec.yamlio import parse_yaml
 
 MAX_POINTS = 100_000
 
 
-@dataclass(frozen=True, kw_only=True)
-class Axis:
+class Axis(FrozenModel):
     """One grid dimension: keys that vary together, one value per key at each position."""
 
-    keys: tuple[str, ...]
-    values: tuple[tuple[Any, ...], ...]
+    keys: tuple[str, ...] = Field(min_length=1, description="dotted scenario keys")
+    values: tuple[tuple[Any, ...], ...] = Field(
+        description="one tuple per grid position, one value per key")
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _one_value_per_key(self) -> Axis:
         if not self.values:
-            raise SpecError(f"{'+'.join(self.keys)}: no values")
+            raise ValueError(f"{'+'.join(self.keys)}: no values")
         for v in self.values:
             if len(v) != len(self.keys):
-                raise SpecError(f"{'+'.join(self.keys)}: {len(self.keys)} keys but a value "
-                                f"tuple of {len(v)}")
+                raise ValueError(f"{'+'.join(self.keys)}: {len(self.keys)} keys but a value "
+                                 f"tuple of {len(v)}")
+        return self
 
 
-@dataclass(frozen=True, kw_only=True)
-class SweepSpec:
+class SweepSpec(FrozenModel):
     """A sweep: the scenario file, fixed overrides, the grid axes and the algorithms."""
 
-    scenario: str
-    name: str = ""
-    sets: Mapping[str, Any] = field(default_factory=dict)
-    axes: tuple[Axis, ...] = ()
-    algorithms: tuple[str, ...] = ()
+    scenario: str = Field(description="the scenario file to vary")
+    name: str = Field("", description="names the output files and titles")
+    sets: dict[str, Any] = Field(default_factory=dict,
+                                 description="fixed overrides (dotted key: value) at every point")
+    axes: tuple[Axis, ...] = Field((), description="grid axes, the first varying slowest")
+    algorithms: tuple[str, ...] = Field(
+        (), description="algorithm names or labels; the first is the speedup baseline")
 
     @property
     def param_keys(self) -> list[str]:

@@ -280,3 +280,36 @@ def test_sweep_set_is_parsed_as_simfed_run_parses_it(tmp_path):
                                     "--out", str(tmp_path), "-j", "1", "-q"])
     assert res.exit_code == 0, res.output
     assert "1 ok" in res.output
+
+
+@pytest.mark.parametrize("body, message", [
+    ("  scenario: x.yaml\n  bogus: 1\n",
+     r"s\.yaml: sweep\.bogus: unknown key; valid keys: algorithms, linked, name, scenario, set, "
+     r"vary$"),
+    ("  set: {a.b: 1}\n", r"sweep\.scenario: required \(the scenario file to vary"),
+    ("  scenario: x.yaml\n  set: [1]\n",
+     r"sweep\.set: input should be a valid dictionary, got \[1\]"),
+    ("  scenario: x.yaml\n  linked: [{}]\n", r"sweep\.linked\[0\]: .*at least 1 item"),
+    ("  scenario: x.yaml\n  name: ../up\n", r"sweep\.name: '\.\./up' is not a name"),
+    ("  scenario: x.yaml\n  vary: {a.b: '4:1'}\n", r"sweep\.vary\.a\.b: range '4:1'"),
+])
+def test_sweep_file_mistakes_are_one_line(tmp_path, body, message):
+    f = tmp_path / "s.yaml"
+    f.write_text("sweep:\n" + body)
+    with pytest.raises(SpecError, match=message) as exc:
+        load_sweep_file(f)
+    assert "\n" not in str(exc.value)
+
+
+def test_axis_and_spec_are_frozen_and_checked():
+    ax = Axis(keys=("cluster.nodes",), values=([2], [4]))  # lists become tuples
+    assert ax.values == ((2,), (4,)) and hash(ax) == hash(Axis(keys=("cluster.nodes",),
+                                                               values=((2,), (4,))))
+    with pytest.raises(SpecError, match=r"^a\+b: 2 keys but a value tuple of 1$"):
+        Axis(keys=("a", "b"), values=((1,),))
+    with pytest.raises(SpecError, match=r"^a: no values$"):
+        Axis(keys=("a",), values=())
+    with pytest.raises(SpecError, match=r"^nodes: unknown key; valid keys: algorithms, axes"):
+        SweepSpec(scenario=TINY, nodes=4)
+    with pytest.raises(Exception, match="frozen"):
+        ax.keys = ("b",)  # type: ignore[misc]
