@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from simfed.engine import simulate
-from simfed.engine.sim import expected_max_normal
 from simfed.spec import load_scenario
+from simfed.spec.stats import expected_max_normal
 
 H100 = Path(__file__).resolve().parents[1] / "scenarios" / "h100-1024.yaml"
 

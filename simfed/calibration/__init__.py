@@ -106,8 +106,9 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
         cluster.setdefault("fabric", {})["switch_capacity_Gbps"] = cap
         note("cluster.fabric.switch_capacity_Gbps", comm, "switch_capacity_Gbps")
     # per-op tables {op: {intra|inter: value}} from params named PREFIX{op}_{domain}
-    for prefix, key, digits in (("bw_factor_", "op_bw_factor", 5),
-                                ("host_us_per_MB_", "op_host_us_per_MB", 3)):
+    for prefix, (section, key), digits in (("bw_factor_", ("comm", "op_bw_factor"), 5),
+                                           ("host_us_per_MB_", ("shared_cores", "host_us_per_MB"),
+                                            3)):
         table: dict[str, dict[str, float]] = {}
         for p in comm.params:
             if p.name.startswith(prefix):
@@ -116,20 +117,22 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
                 dom = rest.removeprefix(op + "_")
                 table.setdefault(op, {})[dom] = round(p.value, digits)
         if table:
-            runtime["comm"][key] = table
-            note(f"runtime.comm.{key}", comm)
+            runtime.setdefault(section, {})[key] = table
+            note(f"runtime.{section}.{key}", comm)
 
-    for fit, section in ((step, "comm"), (cstep, "compute")):
-        for param in ("out_of_step_slowdown", "out_of_step_cv"):
+    # ranks sharing host cores (simfed.contention): runtime.shared_cores
+    for fit, what in ((step, "comm"), (cstep, "compute")):
+        for param, key in (("out_of_step_slowdown", f"{what}_slowdown"),
+                           ("out_of_step_cv", f"{what}_cv")):
             v = _val(fit, param)
             if v is not None:
-                runtime[section][param] = round(v, 4)
-                note(f"runtime.{section}.{param}", fit, param)
+                runtime.setdefault("shared_cores", {})[key] = round(v, 4)
+                note(f"runtime.shared_cores.{key}", fit, param)
 
     v = _val(drift, "group_drift_ms_per_sqrt_s")
     if v is not None:
-        runtime["compute"]["group_drift_ms_per_sqrt_s"] = round(v, 3)
-        note("runtime.compute.group_drift_ms_per_sqrt_s", drift, "group_drift_ms_per_sqrt_s")
+        runtime.setdefault("shared_cores", {})["group_drift_ms_per_sqrt_s"] = round(v, 3)
+        note("runtime.shared_cores.group_drift_ms_per_sqrt_s", drift, "group_drift_ms_per_sqrt_s")
 
     # ---- compute: rate = peak x efficiency; the peak moves up if measured faster
     rates = {ph: _val(units, f"{ph}_flops_per_s") for ph in ("forward", "backward")}

@@ -22,6 +22,7 @@ FSDP1 (FULL_SHARD / HYBRID_SHARD) as the paper's code configures it:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from ..spec.plan import FED, REPLICATE, SHARD
@@ -29,7 +30,16 @@ from ..spec.scenario import AlgorithmSpec, CommRuntime, HostRuntime
 from ..spec.trace import PHASES
 from ..spec.units import dtype_nbytes
 
-COMPUTE, COLL, SYNC, HOSTWORK = 0, 1, 2, 3
+
+class OpKind(enum.Enum):
+    """What an op of the step program is (not a process-group or a link kind)."""
+
+    COMPUTE = "compute"  # a kernel on the compute stream
+    COLLECTIVE = "collective"  # a collective on its process group's stream
+    SYNC = "sync"  # the host waits for ops to end (loss.item(), a blocking FedAvg)
+    HOST_WORK = "host_work"  # host-only work of a known duration (data loading, logging)
+
+
 STREAMS = ("compute", SHARD, REPLICATE, FED)
 STREAM_OF = {name: i for i, name in enumerate(STREAMS)}
 FWD, BWD, OPT, AGG, OTHER = (PHASES.index(p) for p in
@@ -39,7 +49,7 @@ FWD, BWD, OPT, AGG, OTHER = (PHASES.index(p) for p in
 @dataclass(slots=True)
 class Op:
     idx: int
-    kind: int
+    kind: OpKind
     stream: int  # index into STREAMS; -1 for host-only ops
     phase: int
     name: str
@@ -66,7 +76,7 @@ class Program:
     def __post_init__(self) -> None:
         self.stream_ops = [[o for o in self.ops if o.stream == s] for s in range(len(STREAMS))]
         self.last = max(
-            (o.idx for o in self.ops if o.kind in (COMPUTE, COLL)), default=-1
+            (o.idx for o in self.ops if o.kind in (OpKind.COMPUTE, OpKind.COLLECTIVE)), default=-1
         )
 
 
@@ -115,7 +125,8 @@ def build_program(
         if not sharded:
             return None
         # the step's first all-gather reads parameters the previous step's update wrote
-        op = add(kind=COLL, stream=STREAM_OF[SHARD], phase=phase, name=f"all_gather u{unit}",
+        op = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[SHARD], phase=phase,
+                 name=f"all_gather u{unit}",
                  unit=unit, coll="all_gather", pg=SHARD, nbytes=t.unit_nbytes[unit],
                  alloc_unit=unit, after_prev_step=unit == 0 and phase == FWD)
         gathers.append(op)
@@ -123,7 +134,7 @@ def build_program(
 
     # ---- other: per-step host work (data loading, logging) ----------------------------
     if host.step_overhead_ms > 0:
-        add(kind=HOSTWORK, stream=-1, phase=OTHER, name="step overhead",
+        add(kind=OpKind.HOST_WORK, stream=-1, phase=OTHER, name="step overhead",
             duration_s=host.step_overhead_ms * 1e-3)
 
     # ---- forward ------------------------------------------------------------------------
@@ -134,20 +145,20 @@ def build_program(
         if alg.forward_prefetch and i + 1 < n_units and i + 1 not in ag_fwd:
             ag_fwd[i + 1] = all_gather(i + 1, FWD)
         ag = ag_fwd[i]
-        add(kind=COMPUTE, stream=0, phase=FWD, name=f"forward u{i}", unit=i,
+        add(kind=OpKind.COMPUTE, stream=0, phase=FWD, name=f"forward u{i}", unit=i,
             deps=(ag.idx,) if ag else (), duration_s=t.forward_s[i], host_s=launch_s_per_unit,
             free_unit=i if sharded and not keep else -1)
     ag0 = ag_fwd[0]
     reshard_root = sharded and alg.reshard_root_after_forward
-    head = add(kind=COMPUTE, stream=0, phase=FWD, name="forward root (head, loss)", unit=0,
+    head = add(kind=OpKind.COMPUTE, stream=0, phase=FWD, name="forward root (head, loss)", unit=0,
                deps=(ag0.idx,) if ag0 else (), duration_s=t.forward_s[0],
                host_s=launch_s_per_unit, free_unit=0 if reshard_root else -1)
     if host.sync_per_phase:
-        add(kind=SYNC, stream=-1, phase=FWD, name="loss.item()", waits=(head.idx,))
+        add(kind=OpKind.SYNC, stream=-1, phase=FWD, name="loss.item()", waits=(head.idx,))
 
     # ---- backward -----------------------------------------------------------------------
     ag_root = all_gather(0, BWD) if reshard_root else None
-    bwd_root = add(kind=COMPUTE, stream=0, phase=BWD, name="backward root (head)", unit=0,
+    bwd_root = add(kind=OpKind.COMPUTE, stream=0, phase=BWD, name="backward root (head)", unit=0,
                    deps=(ag_root.idx,) if ag_root else (), duration_s=t.backward_s[0],
                    host_s=launch_s_per_unit)
     reduced: list[int] = []
@@ -155,14 +166,15 @@ def build_program(
 
     def reduce(unit: int, after: Op) -> None:
         if sharded:
-            rs = add(kind=COLL, stream=STREAM_OF[SHARD], phase=BWD, name=f"reduce_scatter u{unit}",
+            rs = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[SHARD], phase=BWD,
+                     name=f"reduce_scatter u{unit}",
                      unit=unit, deps=(after.idx,), coll="reduce_scatter", pg=SHARD,
                      nbytes=int(t.unit_nbytes[unit] * t.reduce_factor))
             last = rs
         else:
             last = after
         if hybrid:
-            ar = add(kind=COLL, stream=STREAM_OF[REPLICATE], phase=BWD,
+            ar = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[REPLICATE], phase=BWD,
                      name=f"all_reduce u{unit}", unit=unit, deps=(last.idx,), coll="all_reduce",
                      pg=REPLICATE,
                      nbytes=int(-(-t.unit_nbytes[unit] // t.shard) * t.reduce_factor))
@@ -176,7 +188,7 @@ def build_program(
         if alg.backward_prefetch == "pre" and i - 1 >= 1 and i - 1 not in ag_bwd:
             ag_bwd[i - 1] = None if keep else all_gather(i - 1, BWD)
         ag = ag_bwd[i]
-        b = add(kind=COMPUTE, stream=0, phase=BWD, name=f"backward u{i}", unit=i,
+        b = add(kind=OpKind.COMPUTE, stream=0, phase=BWD, name=f"backward u{i}", unit=i,
                 deps=(ag.idx,) if ag else (), duration_s=t.backward_s[i],
                 host_s=launch_s_per_unit, free_unit=i if sharded else -1)
         if alg.backward_prefetch == "post" and i - 1 >= 1 and i - 1 not in ag_bwd:
@@ -184,29 +196,30 @@ def build_program(
         reduce(i, b)
         prev_b = b
     # the root's gradient (embedding, tied head) is complete after the embedding backward
-    embed = add(kind=COMPUTE, stream=0, phase=BWD, name="backward root (embedding)", unit=0,
+    embed = add(kind=OpKind.COMPUTE, stream=0, phase=BWD, name="backward root (embedding)", unit=0,
                 deps=(prev_b.idx,), duration_s=0.0, free_unit=0 if sharded else -1)
     reduce(0, embed)
     if host.sync_per_phase:
-        add(kind=SYNC, stream=-1, phase=BWD, name="backward done", waits=tuple(reduced))
+        add(kind=OpKind.SYNC, stream=-1, phase=BWD, name="backward done", waits=tuple(reduced))
 
     # ---- optimizer ----------------------------------------------------------------------
-    opt = add(kind=COMPUTE, stream=0, phase=OPT, name="optimizer step", deps=tuple(reduced),
+    opt = add(kind=OpKind.COMPUTE, stream=0, phase=OPT, name="optimizer step", deps=tuple(reduced),
               duration_s=t.optimizer_s, host_s=launch_s_per_unit)
     if host.sync_per_phase:
-        add(kind=SYNC, stream=-1, phase=OPT, name="optimizer done", waits=(opt.idx,))
+        add(kind=OpKind.SYNC, stream=-1, phase=OPT, name="optimizer done", waits=(opt.idx,))
 
     # ---- aggregation (FedAvg) -----------------------------------------------------------
     if aggregate and t.groups > 1:
         nbytes = t.shard_params * dtype_nbytes(alg.fedavg_dtype)
-        agg = add(kind=COLL, stream=STREAM_OF[FED], phase=AGG, name="fedavg all_reduce",
+        agg = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[FED], phase=AGG,
+                  name="fedavg all_reduce",
                   deps=(opt.idx,), coll="all_reduce", pg=FED, nbytes=nbytes)
-        avg = add(kind=COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
+        avg = add(kind=OpKind.COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
                   duration_s=t.fedavg_local_s)
         if t.outer_s > 0:  # Nesterov momentum on the averaged delta, elementwise on the shard
-            avg = add(kind=COMPUTE, stream=0, phase=AGG, name="outer optimizer (nesterov)",
+            avg = add(kind=OpKind.COMPUTE, stream=0, phase=AGG, name="outer optimizer (nesterov)",
                       deps=(avg.idx,), duration_s=t.outer_s)
-        add(kind=SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
+        add(kind=OpKind.SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
     if comm is not None and not comm.overlap_compute:
         for op in ops:  # CPU collectives block the rank: one stream for everything
             if op.stream > 0:

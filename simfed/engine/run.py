@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from ..compute import ComputeModel
+from ..contention import for_run as contention_for_run
 from ..convergence import attach as attach_convergence
 from ..hardware import Hardware
 from ..memory import memory_breakdown
@@ -25,7 +26,7 @@ from ..spec.units import dtype_nbytes, us_to_s
 from .actors import partition
 from .program import StepTimes, build_program
 from .sim import Simulation
-from .timeline import actor_spans, busy_and_exposed, busy_share, peak_unsharded_bytes, step_bounds
+from .timeline import actor_spans, busy_and_exposed, peak_unsharded_bytes, step_bounds
 from .variants import apply_rounds, outer_step_s, round_model, variant_of
 from .window import check_cost, check_result, needs_window, simulate_windowed
 
@@ -99,10 +100,8 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     }
     part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS, lockstep, agg_steps)
     kw = dict(hw=hw, plan=plan, programs=programs, comm=scn.runtime.comm,
-              host=scn.runtime.host, compute_slowdown=scn.runtime.compute.out_of_step_slowdown,
-              compute_cv=scn.runtime.compute.out_of_step_cv,
-              group_drift=scn.runtime.compute.group_drift_ms_per_sqrt_s * 1e-3)
-    sim = _simulate(part=part, aggregate_steps=agg_steps, steps=steps, **kw)
+              host=scn.runtime.host)
+    sim = _simulate(scn, part=part, aggregate_steps=agg_steps, steps=steps, **kw)
     result = _summarise(scn, alg, plan, hw, sim, times, agg_steps)
     if agg_steps and variant_of(alg) != "sync":  # time-budgeted rounds, partial participation
         apply_rounds(result, round_model(
@@ -113,7 +112,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         for a in range(len(sim.states)):
             spans.extend(actor_spans(sim, a, trace_steps or steps))
         spans.sort(key=lambda s: (s.rank, s.start_s, s.stream, s.name))
-    ops = sum(len(sim._program(s).ops) for s in range(steps)) * len(sim.states)
+    ops = sum(len(sim.program(s).ops) for s in range(steps)) * len(sim.states)
     result["sim_ops"] = ops
     return AlgorithmRun(result=result, spans=spans, events=ops)
 
@@ -126,7 +125,7 @@ def _step_times_at(scn: Scenario, kw: dict[str, Any], factors: Any, agg: set[int
     part = partition(kw["plan"], strag, len(factors), scn.seed, PG_KINDS)
     for actor in part.actors:
         actor.factors = factors
-    sim = _simulate(part=part, aggregate_steps=agg, steps=len(factors), **kw)
+    sim = _simulate(scn, part=part, aggregate_steps=agg, steps=len(factors), **kw)
     bounds = [step_bounds(sim, a) for a in range(len(sim.states))]
     return [max(b[s][-1] for b in bounds) - max(b[s][0] for b in bounds)
             for s in range(len(factors))]
@@ -155,26 +154,11 @@ def _interfered(scn: Scenario, hw: Hardware, plan, units, fwd, bwd, cm: ComputeM
     return tuple(out_f), tuple(out_b)
 
 
-def _simulate(**kw: Any) -> Simulation:
-    """Run the simulation; where out-of-step ranks share host cores (`Simulation.core_mates`),
-    their collectives depend on how busy the other ranks are, which depends on the
-    collectives: iterate to the fixed point of each actor's busy share (a few passes)."""
-    sim = Simulation(**kw)
-    sim.run()
-    for _ in range(_BUSY_PASSES):
-        if not sim.core_mates:
-            break
-        share = {a: busy_share(sim, a) for a in range(len(sim.states))}
-        moved = max(abs(v - sim.mate_busy.get(a, 0.0)) for a, v in share.items())
-        if moved < _BUSY_TOL:
-            break
-        sim = Simulation(**kw, busy_share=share)
-        sim.run()
-    return sim
-
-
-_BUSY_PASSES = 8  # fixed-point passes over the busy shares (converges in 3-4)
-_BUSY_TOL = 1e-4
+def _simulate(scn: Scenario, **kw: Any) -> Simulation:
+    """Run the simulation with the run's host-contention model (`simfed.contention`: a no-op
+    unless the scenario has `runtime.shared_cores`), which decides how many passes it takes."""
+    contention = contention_for_run(scn.runtime.shared_cores, kw["hw"], kw["plan"], kw["part"])
+    return contention.simulate(lambda model: Simulation(**kw, contention=model))
 
 
 def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simulation,
@@ -212,7 +196,7 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
     bytes_step = {k: sim.bytes_by_kind[k] / steps for k in LINK_KINDS}
     checks = sum(
         sim.debug_check_s(sim.part.components[op.pg][0].size)
-        for op in sim._program(0).ops if op.pg
+        for op in sim.program(0).ops if op.pg
     )
     return {
         "name": alg.name,

@@ -7,7 +7,7 @@ ended on its stream; everything users see is derived here after the run.
 from __future__ import annotations
 
 from ..spec.trace import PHASES, Span
-from .program import COLL, COMPUTE, HOSTWORK, STREAMS
+from .program import STREAMS, OpKind
 from .sim import Simulation
 
 _F, _B, _O, _A = (PHASES.index(p) for p in ("forward", "backward", "optimizer", "aggregation"))
@@ -20,13 +20,13 @@ def step_bounds(sim: Simulation, actor: int) -> list[list[float]]:
     out = []
     start = 0.0
     for step in range(sim.steps):
-        prog = sim._program(step)
+        prog = sim.program(step)
         done = st.done[step]
         ends = [start] * len(PHASES)
         other = start
         for op in prog.ops:
             t = done[op.idx]
-            if op.kind == HOSTWORK:
+            if op.kind is OpKind.HOST_WORK:
                 other = max(other, t)
             elif t > ends[op.phase]:
                 ends[op.phase] = t
@@ -39,7 +39,7 @@ def step_bounds(sim: Simulation, actor: int) -> list[list[float]]:
     return out
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[tuple[float, float]] = []
     for s, e in sorted(intervals):
         if e <= s:
@@ -83,27 +83,13 @@ def busy_and_exposed(sim: Simulation, actor: int) -> tuple[float, float]:
     compute: list[tuple[float, float]] = []
     comm: list[tuple[float, float]] = []
     for step in range(sim.steps):
-        for op in sim._program(step).ops:
-            if op.kind == COMPUTE:
+        for op in sim.program(step).ops:
+            if op.kind is OpKind.COMPUTE:
                 compute.append((st.started[step][op.idx], st.done[step][op.idx]))
-            elif op.kind == COLL:
+            elif op.kind is OpKind.COLLECTIVE:
                 comm.append((st.started[step][op.idx], st.done[step][op.idx]))
-    cu = _union(compute)
-    return _length(cu), _minus(_union(comm), cu)
-
-
-def busy_share(sim: Simulation, actor: int) -> float:
-    """Share of the run the actor's rank is busy on its core: computing, doing host work or
-    running a collective (from its launch: a rank waiting for its peers is idle)."""
-    st = sim.states[actor]
-    spans = []
-    for step in range(sim.steps):
-        for op in sim._program(step).ops:
-            if op.kind in (COMPUTE, HOSTWORK, COLL):
-                spans.append((st.launched[step][op.idx] if op.kind == COLL
-                              else st.started[step][op.idx], st.done[step][op.idx]))
-    end = max(max(row) for row in st.done) if st.done else 0.0
-    return _length(_union(spans)) / end if end > 0 else 0.0
+    cu = union(compute)
+    return _length(cu), _minus(union(comm), cu)
 
 
 def peak_unsharded_bytes(sim: Simulation, actor: int, unit_nbytes: tuple[int, ...]) -> float:
@@ -112,7 +98,7 @@ def peak_unsharded_bytes(sim: Simulation, actor: int, unit_nbytes: tuple[int, ..
     st = sim.states[actor]
     events: list[tuple[float, int, float]] = []
     for step in range(sim.steps):
-        for op in sim._program(step).ops:
+        for op in sim.program(step).ops:
             if op.alloc_unit >= 0:
                 events.append((st.started[step][op.idx], 1, float(op.nbytes)))
             if op.free_unit >= 0:
@@ -131,16 +117,17 @@ def actor_spans(sim: Simulation, actor: int, steps: int) -> list[Span]:
     spans = []
     bounds = step_bounds(sim, actor)
     for step in range(min(steps, sim.steps)):
-        for op in sim._program(step).ops:
+        for op in sim.program(step).ops:
             i = op.idx
-            if op.kind in (COMPUTE, COLL):
+            if op.kind in (OpKind.COMPUTE, OpKind.COLLECTIVE):
                 spans.append(Span(
-                    name=op.name, cat="compute" if op.kind == COMPUTE else "comm", rank=a.rank,
+                    name=op.name, cat="compute" if op.kind is OpKind.COMPUTE else "comm",
+                    rank=a.rank,
                     step=step, start_s=st.started[step][i],
                     dur_s=st.done[step][i] - st.started[step][i],
-                    nbytes=op.nbytes if op.kind == COLL else 0, group=op.pg,
+                    nbytes=op.nbytes if op.kind is OpKind.COLLECTIVE else 0, group=op.pg,
                     stream=STREAMS[op.stream], attrs=dict(attrs)))
-            elif op.kind == HOSTWORK and op.duration_s > 0:
+            elif op.kind is OpKind.HOST_WORK and op.duration_s > 0:
                 spans.append(Span(name=op.name, cat="host", rank=a.rank, step=step,
                                   start_s=st.started[step][i], dur_s=op.duration_s,
                                   stream="host", attrs=dict(attrs)))

@@ -22,6 +22,7 @@ from .limits import MAX_EMULATED_RANKS, MAX_WORLD
 from .model import ModelSpec
 from .plan import ParallelPlan
 from .schema import SpecError, build, param, to_plain
+from .shared_cores import SharedCoresSpec
 from .yamlio import MAX_NODES, expanded_size, read_yaml
 
 SCHEMA_VERSION = 1
@@ -306,20 +307,6 @@ class ComputeRuntime:
     fedavg_local_GBps: float = param(
         0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
         "averaged buffer per second (0 = free)")
-    out_of_step_slowdown: float = param(
-        0.0, ge=0, doc="CPU testbeds: compute on a host core shared with busy ranks out of step "
-        "with it (another federation group's) takes (1 + this) times as long as beside ranks "
-        "computing in step (`realrun bench`'s compute-beside-busy case)")
-    out_of_step_cv: float = param(
-        0.0, ge=0, doc="... and runs unevenly across ranks: the relative standard deviation of a "
-        "rank's compute time beyond that of ranks in step; the group then waits at each "
-        "collective for its latest member")
-    group_drift_ms_per_sqrt_s: float = param(
-        0.0, ge=0, doc="how far federation groups on cores (nodes) of their own drift apart "
-        "between FedAvg rounds: the standard deviation of a rank's progress after 1 s of "
-        "independent work, growing as the square root of the time (a random walk); the FedAvg "
-        "all-reduce then waits for the group's latest member (`realrun bench`'s drift case; "
-        "0 = groups stay in step)")
 
     def __post_init__(self) -> None:
         if not self.gemm_tiles:
@@ -367,22 +354,6 @@ class CommRuntime:
         "of two ranks where they differ (gloo: one exchange each way with a single peer); "
         "missing: 1.0 (a pair without its own: the domain's)")
 
-    op_host_us_per_MB: dict[str, float | dict[str, float]] = param(
-        None, doc="per collective: host time per MB of its ring bytes that does not scale with "
-        "the link rate (CPU ranks: copies, reductions, the kernel's network stack on the node's "
-        "cores), times the ranks sharing a core; added to the wire time (gloo does it between "
-        "its transfers); a number, or {intra: t, inter: t}; missing: 0")
-
-    out_of_step_slowdown: float = param(
-        0.0, ge=0, doc="CPU testbeds: a collective whose ranks share host cores with busy ranks "
-        "out of step with it takes (1 + this) times as long as when those ranks run the same "
-        "collective in step (`realrun bench`'s one-group-beside-busy cases). Federation groups "
-        "on shared cores are out of step between FedAvg rounds; a collective meets the other "
-        "group's work for the share of time that group is busy (independent phases)")
-    out_of_step_cv: float = param(
-        0.0, ge=0, doc="... and its ranks finish it unevenly: the relative standard deviation of "
-        "a rank's collective time beyond that of ranks in step")
-
     def __post_init__(self) -> None:
         bad = sorted(set(self.nccl_algorithms) - {"ring", "tree", "pat", "nvls"})
         if bad or not self.nccl_algorithms:
@@ -392,18 +363,16 @@ class CommRuntime:
         if len(parts) < 2 or not all(p.isdigit() for p in parts):
             raise SpecError(f"runtime.comm.nccl_version: expected a release like 2.23, got "
                             f"{self.nccl_version!r}")
-        for key, ok, bound in (("op_bw_factor", lambda v: v > 0, "> 0"),
-                               ("op_host_us_per_MB", lambda v: v >= 0, ">= 0")):
-            for op, f in (getattr(self, key) or {}).items():
-                where = f"runtime.comm.{key}.{op}"
-                if op not in ("all_gather", "reduce_scatter", "all_reduce"):
-                    raise SpecError(f"{where}: expected all_gather, reduce_scatter or all_reduce")
-                for dom, v in (f.items() if isinstance(f, dict) else [("", f)]):
-                    if dom not in ("", *DOMAINS):
-                        raise SpecError(f"{where}.{dom}: expected one of {', '.join(DOMAINS)}")
-                    if not ok(v):
-                        raise SpecError(f"{where}{'.' + dom if dom else ''}: expected a number "
-                                        f"{bound}, got {v!r}")
+        for op, f in (self.op_bw_factor or {}).items():
+            where = f"runtime.comm.op_bw_factor.{op}"
+            if op not in ("all_gather", "reduce_scatter", "all_reduce"):
+                raise SpecError(f"{where}: expected all_gather, reduce_scatter or all_reduce")
+            for dom, v in (f.items() if isinstance(f, dict) else [("", f)]):
+                if dom not in ("", *DOMAINS):
+                    raise SpecError(f"{where}.{dom}: expected one of {', '.join(DOMAINS)}")
+                if not v > 0:
+                    raise SpecError(f"{where}{'.' + dom if dom else ''}: expected a number "
+                                    f"> 0, got {v!r}")
 
     @staticmethod
     def _per_op(table: dict | None, op: str, intra: bool, default: float,
@@ -419,10 +388,6 @@ class CommRuntime:
         """Achieved-bandwidth factor of collective `op` inside a node (`intra`) or across; a
         ring of two ranks (`pair`) may have its own."""
         return self._per_op(self.op_bw_factor, op, intra, 1.0, pair)
-
-    def host_s_per_byte(self, op: str, intra: bool) -> float:
-        """Link-rate-independent host seconds per ring byte of collective `op`."""
-        return self._per_op(self.op_host_us_per_MB, op, intra, 0.0) * 1e-12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -454,6 +419,7 @@ class RuntimeSpec:
     comm: CommRuntime = CommRuntime()
     host: HostRuntime = HostRuntime()
     memory: MemoryRuntime = MemoryRuntime()
+    shared_cores: SharedCoresSpec = SharedCoresSpec()  # ranks sharing host cores (CPU testbeds)
     provenance: dict[str, str] = param(None, doc="where each calibrated number came from")
 
 

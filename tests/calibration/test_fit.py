@@ -10,6 +10,7 @@ import pytest
 from simfed.calibration import calibrate, read_inputs, write_profile
 from simfed.calibration.fit import fit_comm
 from simfed.calibration.samples import CommSample, OptimizerSample, Samples, UnitSample
+from simfed.contention import for_run as contention_for_run
 from simfed.engine.actors import partition
 from simfed.engine.sim import Simulation
 from simfed.hardware import Hardware
@@ -122,7 +123,7 @@ def test_missing_input_is_a_one_line_error(tmp_path):
 
 # ---- host work per byte and per-domain bandwidth factors (CPU testbeds) ----------------------
 
-HOST_TRUE = {**TRUE, "runtime.comm.op_host_us_per_MB.all_reduce.inter": 30_000.0,
+HOST_TRUE = {**TRUE, "runtime.shared_cores.host_us_per_MB.all_reduce.inter": 30_000.0,
              "runtime.comm.op_bw_factor.all_gather.intra": 0.5,
              "runtime.comm.op_bw_factor.all_gather.inter": 0.8}
 
@@ -134,8 +135,10 @@ def _time_at(truth: dict, rate_Gbps: float, op: str, pg: str, nbytes: int,
     scn = load_scenario(TINY, {**truth, "cluster.node.nics.bw_Gbps": rate_Gbps})
     plan = scn.algorithm(alg).plan(scn.cluster)
     hw = Hardware.from_spec(scn.cluster, scn.runtime)
-    sim = Simulation(hw=hw, plan=plan, part=partition(plan, StragglerSpec(), 1, 0), programs={},
-                     aggregate_steps=set(), steps=1, comm=scn.runtime.comm, host=scn.runtime.host)
+    part = partition(plan, StragglerSpec(), 1, 0)
+    sim = Simulation(hw=hw, plan=plan, part=part, programs={}, aggregate_steps=set(), steps=1,
+                     comm=scn.runtime.comm, host=scn.runtime.host,
+                     contention=contention_for_run(scn.runtime.shared_cores, hw, plan, part))
     return sim.collective(pg, 0, op, nbytes).solo_s
 
 
@@ -177,7 +180,7 @@ def test_host_work_and_factors_in_the_simulator():
     # host work adds to the wire time: E = S bytes per rank for a 2-rank all-reduce, times the
     # ranks sharing a core (one here: the pair is one rank of each node)
     wire = t({}, "all_reduce", "replicate")
-    host = {"runtime.comm.op_host_us_per_MB.all_reduce.inter": 1_000.0}
+    host = {"runtime.shared_cores.host_us_per_MB.all_reduce.inter": 1_000.0}
     assert t(host, "all_reduce", "replicate") == pytest.approx(wire + 8_388_608 * 1e-9)
     assert t(host, "all_reduce", "shard") == pytest.approx(t({}, "all_reduce", "shard"))
     # all four ranks of the 2 x 2 cluster pinned to one host core: four times the host time
@@ -250,13 +253,14 @@ def test_ranks_per_core_follows_the_testbed_pinning():
 
 
 @pytest.mark.parametrize("key, value, msg", [
-    ("runtime.comm.op_host_us_per_MB.all_gather.across", 5.0,
-     "op_host_us_per_MB.all_gather.across: expected one of intra, inter, intra_pair, "
-     "inter_pair"),
+    ("runtime.shared_cores.host_us_per_MB.all_gather.across", 5.0,
+     "runtime.shared_cores.host_us_per_MB.all_gather.across: expected one of intra, inter, "
+     "intra_pair, inter_pair"),
     ("runtime.comm.op_bw_factor.all_gather.intra", 0.0,
      "op_bw_factor.all_gather.intra: expected a number > 0, got 0.0"),
-    ("runtime.comm.op_host_us_per_MB.broadcast", 5.0,
-     "op_host_us_per_MB.broadcast: expected all_gather, reduce_scatter or all_reduce"),
+    ("runtime.shared_cores.host_us_per_MB.broadcast", 5.0,
+     "runtime.shared_cores.host_us_per_MB.broadcast: expected all_gather, reduce_scatter or "
+     "all_reduce"),
 ])
 def test_bad_per_op_tables_are_one_line_errors(key, value, msg):
     from simfed.spec import SpecError
@@ -310,11 +314,12 @@ def test_out_of_step_slowdown_from_the_bench(tmp_path):
     slow, cv = fit_out_of_step(samples, "compute").params
     assert slow.value == pytest.approx(0.15) and cv.value == pytest.approx(0.16)
     profile, _ = calibrate(load_scenario(TINY), samples)
-    assert profile["runtime"]["comm"]["out_of_step_slowdown"] == pytest.approx(0.25)
-    assert profile["runtime"]["comm"]["out_of_step_cv"] == pytest.approx(0.04)
-    assert profile["runtime"]["compute"]["out_of_step_slowdown"] == pytest.approx(0.15)
-    assert profile["runtime"]["compute"]["out_of_step_cv"] == pytest.approx(0.16)
-    assert profile["runtime"]["provenance"]["runtime.comm.out_of_step_slowdown"].startswith(
+    shared = profile["runtime"]["shared_cores"]
+    assert shared["comm_slowdown"] == pytest.approx(0.25)
+    assert shared["comm_cv"] == pytest.approx(0.04)
+    assert shared["compute_slowdown"] == pytest.approx(0.15)
+    assert shared["compute_cv"] == pytest.approx(0.16)
+    assert profile["runtime"]["provenance"]["runtime.shared_cores.comm_slowdown"].startswith(
         "fitted (out_of_step_comm, n=3")
     # faster beside busy groups than in step: no slowdown
     for b in samples.beside:
@@ -333,7 +338,7 @@ def test_collective_spread_from_the_free_running_loop(tmp_path):
     spread back, and a re-benchmark adds its loop cases to the others."""
     from simfed.calibration.fit import _loop_solo_s, fit_out_of_step
     from simfed.calibration.samples import Samples, read_bench
-    from simfed.engine.sim import expected_max_normal
+    from simfed.spec.stats import expected_max_normal
 
     loop = {"phase": "loop", "flops": 5e8, "hidden": 256, "ffn_hidden": 688, "concurrent": 2,
             "nbytes": 2_902_016}
@@ -358,7 +363,7 @@ def test_collective_spread_from_the_free_running_loop(tmp_path):
     assert res.params[0].value == pytest.approx(want)
     assert res.residuals[0]["predicted_s"] == pytest.approx(0.013)
     profile, _ = calibrate(load_scenario(TINY), samples)
-    assert profile["runtime"]["comm"]["out_of_step_cv"] == pytest.approx(want, abs=1e-4)
+    assert profile["runtime"]["shared_cores"]["comm_cv"] == pytest.approx(want, abs=1e-4)
     # without the compute block's share the whole excess goes to the collective
     assert fit_out_of_step(samples, "comm").params[0].value == pytest.approx(
         math.sqrt(0.013**2 - 0.010**2) / solo)
@@ -407,10 +412,10 @@ def test_group_drift_is_a_random_walk_pooled_over_the_drift_cases(tmp_path):
     assert [r["predicted_s"] for r in res.residuals] == pytest.approx(
         [math.sqrt(2 * rate * t * 2 / math.pi) for t in (0.8, 0.2)])
     profile, _ = calibrate(load_scenario(TINY), samples)
-    assert profile["runtime"]["compute"]["group_drift_ms_per_sqrt_s"] == pytest.approx(
+    assert profile["runtime"]["shared_cores"]["group_drift_ms_per_sqrt_s"] == pytest.approx(
         p.value, abs=1e-3)
     assert "group_drift" in profile["runtime"]["provenance"][
-        "runtime.compute.group_drift_ms_per_sqrt_s"]
+        "runtime.shared_cores.group_drift_ms_per_sqrt_s"]
     # no drift case: nothing fitted, groups stay in step
     assert not fit_group_drift(Samples()).params
     # a re-benchmark's drift cases join the first bench's

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from simfed.contention import busy_share
 from simfed.engine import simulate_algorithm
-from simfed.engine.timeline import busy_share
 from simfed.spec import load_scenario
 from simfed.spec.scenario import node_cores
 
@@ -29,8 +29,8 @@ def _sim(scn, name):
     seen = {}
     real = run._simulate
 
-    def spy(**kw):
-        seen["sim"] = real(**kw)
+    def spy(scn, **kw):
+        seen["sim"] = real(scn, **kw)
         return seen["sim"]
 
     run._simulate = spy
@@ -49,22 +49,22 @@ def test_node_cores_follow_the_testbed_pinning():
 
 
 def test_out_of_step_mates_are_other_groups_on_the_same_core():
-    scn = _scn(**{"runtime.comm.out_of_step_slowdown": 0.3})
+    scn = _scn(**{"runtime.shared_cores.comm_slowdown": 0.3})
     sim = _sim(scn, "fl_fsdp")
     # 4 nodes of 1 rank on 2 cores: node n on core n % 2; groups {0, 1} and {2, 3}; each core
     # carries one rank of each group. The shard collectives meet the other group's rank; the
     # FedAvg all-reduce (fed: ranks 0, 2 and 1, 3) holds it, so it is in step.
-    assert ("shard", 0) in sim.core_mates
-    assert not [k for k in sim.core_mates if k[0] == "fed"]
+    assert ("shard", 0) in sim.contention.core_mates
+    assert not [k for k in sim.contention.core_mates if k[0] == "fed"]
     # no federation groups, or groups that do not share cores: nothing out of step
-    assert not _sim(scn, "fsdp").core_mates
+    assert not _sim(scn, "fsdp").contention.active  # the no-op default
     two = load_scenario(SCENARIOS / "testbed.yaml",
-                        {"cluster.host_cores": 2, "runtime.comm.out_of_step_slowdown": 0.3})
-    assert not _sim(two, "fl_fsdp").core_mates  # a group per node, a core per node
+                        {"cluster.host_cores": 2, "runtime.shared_cores.comm_slowdown": 0.3})
+    assert not _sim(two, "fl_fsdp").contention.active  # a group per node, a core per node
 
 
 def test_collectives_beside_out_of_step_ranks_are_slower():
-    base, slow = _scn(), _scn(**{"runtime.comm.out_of_step_slowdown": 0.3})
+    base, slow = _scn(), _scn(**{"runtime.shared_cores.comm_slowdown": 0.3})
     t = {(s, a): simulate_algorithm(scn, scn.algorithm(a)).result
          for s, scn in (("base", base), ("slow", slow)) for a in ("fsdp", "fl_fsdp")}
     # FSDP's ranks are all in step: unchanged
@@ -76,14 +76,14 @@ def test_collectives_beside_out_of_step_ranks_are_slower():
     # at most the slowdown times the collectives' time (were the other group always busy)
     assert gained < 0.3 * b["exposed_comm_s"]
     sim = _sim(slow, "fl_fsdp")
-    share = sim.mate_busy[0]
+    share = sim.contention.busy[0]
     assert 0.5 < share <= 1.0  # busy but while it waits for peers (identical ranks: never)
     # the fixed point: the share the last pass used is the share it produced
     assert busy_share(sim, 0) == pytest.approx(share, abs=1e-3)
 
 
 def test_expected_latest_of_n_normals():
-    from simfed.engine.sim import expected_max_normal
+    from simfed.spec.stats import expected_max_normal
 
     assert expected_max_normal(1) == 0.0
     assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-4)
@@ -95,8 +95,8 @@ def test_uneven_ranks_out_of_step_wait_for_each_other():
     collective the group waits for its latest member (the expected max of its arrivals), which
     shows as time inside collectives; ranks in step (FSDP) keep the in-step pace."""
     base = _scn()
-    uneven = _scn(**{"runtime.compute.out_of_step_cv": 0.2})
-    slower = _scn(**{"runtime.compute.out_of_step_slowdown": 0.15})
+    uneven = _scn(**{"runtime.shared_cores.compute_cv": 0.2})
+    slower = _scn(**{"runtime.shared_cores.compute_slowdown": 0.15})
     r = {(n, a): simulate_algorithm(s, s.algorithm(a)).result
          for n, s in (("base", base), ("uneven", uneven), ("slower", slower))
          for a in ("fsdp", "fl_fsdp", "fl_hsdp")}
@@ -115,7 +115,7 @@ def test_uneven_ranks_out_of_step_wait_for_each_other():
 
 
 def test_the_fixed_point_is_deterministic():
-    scn = _scn(**{"runtime.comm.out_of_step_slowdown": 0.3})
+    scn = _scn(**{"runtime.shared_cores.comm_slowdown": 0.3})
     a = simulate_algorithm(scn, scn.algorithm("fl_hsdp")).result
     b = simulate_algorithm(scn, scn.algorithm("fl_hsdp")).result
     assert a == b
@@ -127,8 +127,8 @@ def test_mates_need_cores_to_be_modelled():
     over = {k: v for k, v in FOUR.items() if k != "cluster.host_cores"}
     scn = load_scenario(SCENARIOS / "testbed.yaml",
                         {**over, "cluster.node.cpu_cores": 0,
-                         "runtime.comm.out_of_step_slowdown": 0.3})
-    assert not _sim(scn, "fl_fsdp").core_mates
+                         "runtime.shared_cores.comm_slowdown": 0.3})
+    assert not _sim(scn, "fl_fsdp").contention.active
 
 
 def test_federation_groups_drift_apart_between_fedavg_rounds():
@@ -138,7 +138,7 @@ def test_federation_groups_drift_apart_between_fedavg_rounds():
     wait = {}
     for cv in (0.0, 0.2):
         for k in (1, 4):
-            scn = _scn(**{"runtime.compute.out_of_step_cv": cv,
+            scn = _scn(**{"runtime.shared_cores.compute_cv": cv,
                           "algorithms.fl_fsdp.aggregate_every": k})
             wait[cv, k] = simulate_algorithm(
                 scn, scn.algorithm("fl_fsdp")).result["aggregation_per_event_s"]
@@ -156,7 +156,7 @@ def test_groups_on_cores_of_their_own_drift_apart_until_fedavg():
     def run(k, drift, **over):
         scn = load_scenario(SCENARIOS / "testbed.yaml", {
             "cluster.host_cores": 2, "algorithms.fl_fsdp.aggregate_every": k,
-            "runtime.compute.group_drift_ms_per_sqrt_s": drift, **over})
+            "runtime.shared_cores.group_drift_ms_per_sqrt_s": drift, **over})
         return {a: simulate_algorithm(scn, scn.algorithm(a)).result for a in ("fsdp", "fl_fsdp")}
 
     waits = []
@@ -174,3 +174,43 @@ def test_groups_on_cores_of_their_own_drift_apart_until_fedavg():
     assert waits[1] > 1.5 * waits[0]
     four = {k: v for k, v in FOUR.items() if k != "runtime.comm.overlap_compute"}
     assert run(2, 60.0, **four) == run(2, 0.0, **four)
+
+
+ALL_ON = {"runtime.shared_cores.comm_slowdown": 0.3, "runtime.shared_cores.comm_cv": 0.05,
+          "runtime.shared_cores.compute_slowdown": 0.15, "runtime.shared_cores.compute_cv": 0.2,
+          "runtime.shared_cores.group_drift_ms_per_sqrt_s": 60.0,
+          "runtime.shared_cores.host_us_per_MB": {"all_reduce": 3000.0, "all_gather": 500.0}}
+
+
+@pytest.mark.parametrize("switch, coefficients", [
+    ("slowdown", ("comm_slowdown", "compute_slowdown")),
+    ("spread", ("comm_cv", "compute_cv")),
+    ("group_drift", ("group_drift_ms_per_sqrt_s",)),
+    ("host_work", ("host_us_per_MB",)),
+])
+def test_each_mechanism_has_its_own_switch(switch, coefficients):
+    """runtime.shared_cores.<switch>: false turns one mechanism off and keeps its fitted
+    coefficients: the same result as those coefficients at 0, and not the result with it on."""
+    layout = (FOUR if switch != "group_drift"  # drift: groups on cores of their own
+              else {"cluster.host_cores": 2, "runtime.comm.overlap_compute": False})
+
+    def run(over):
+        scn = load_scenario(SCENARIOS / "testbed.yaml", {**layout, **ALL_ON, **over})
+        return simulate_algorithm(scn, scn.algorithm("fl_fsdp")).result
+
+    on = run({})
+    off = run({f"runtime.shared_cores.{switch}": False})
+    zero = run({f"runtime.shared_cores.{c}": ({} if c == "host_us_per_MB" else 0.0)
+                for c in coefficients})
+    assert off == zero
+    assert off["step_time_s"] < on["step_time_s"]
+
+
+def test_no_section_no_contention_model():
+    """Without runtime.shared_cores (every shipped scenario), the engine gets the no-op
+    default: one pass, no arrival bookkeeping."""
+    from simfed.contention import NO_CONTENTION
+
+    for name in ("testbed.yaml", "512gpu.yaml"):
+        scn = load_scenario(SCENARIOS / name, {"training.steps": 2})
+        assert _sim(scn, "fl_fsdp").contention is NO_CONTENTION
