@@ -16,17 +16,7 @@ import yaml
 
 from ..collectives import OPS
 from ..spec.scenario import Scenario
-from .fit import (
-    FitResult,
-    fit_checks,
-    fit_comm,
-    fit_fedavg,
-    fit_group_drift,
-    fit_optimizer,
-    fit_out_of_step,
-    fit_units,
-    optimizer_bytes_per_param,
-)
+from .fit import FitResult, fit_all, optimizer_bytes_per_param
 from .samples import Samples, read_inputs
 
 __all__ = ["Samples", "calibrate", "read_inputs", "write_profile"]
@@ -39,13 +29,13 @@ def _val(res: FitResult, name: str) -> float | None:
     return None
 
 
-def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str, Any]]:
-    cstep = fit_out_of_step(samples, "compute")
-    step = fit_out_of_step(samples, "comm", compute_cv=_val(cstep, "out_of_step_cv") or 0.0)
-    drift = fit_group_drift(samples)
-    fits = [fit_comm(scn, samples), fit_units(samples), fit_optimizer(scn, samples),
-            fit_checks(samples), fit_fedavg(samples), step, cstep, drift]
-    comm, units, opt, checks, fedavg = fits[:5]
+def calibrate(scn: Scenario, samples: Samples, fits: list[FitResult] | None = None
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`fits`: `fit_all`'s results to build the profile from (e.g. a draw from their
+    uncertainty, `FitResult.draw`) instead of fitting the samples again."""
+    if fits is None:
+        fits = fit_all(scn, samples)
+    comm, units, opt, checks, fedavg, step, cstep, drift = fits
     node = scn.cluster.node
     cluster: dict[str, Any] = {"node": {}}
     runtime: dict[str, Any] = {"compute": {}, "comm": {}, "host": {}}
@@ -90,8 +80,10 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
         v = _val(comm, param)
         if v is None:
             continue
-        if v <= nominal:  # an efficiency against the datasheet figure
-            runtime["comm"][eff_key] = round(v / nominal, 5)
+        if v <= nominal or part == "nics":  # an efficiency against the datasheet figure
+            # a NIC's rate is physical (the testbed's tc rate): it stays, so a rate set later
+            # scales the wire time; measured at or above it, the efficiency is 1
+            runtime["comm"][eff_key] = round(min(v / nominal, 1.0), 5)
             note(f"runtime.comm.{eff_key}", comm, param)
         else:  # faster than the nominal figure: the nominal figure was a placeholder
             cluster["node"].setdefault(part, {})[key] = round(v, 5)
@@ -147,9 +139,10 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
             assert r is not None
             runtime["compute"][f"efficiency_{ph}"] = round(r / peak, 6)
             note(f"runtime.compute.efficiency_{ph}", units)
-            over = _val(units, f"{ph}_overhead_us") or 0.0
-            runtime["compute"][f"unit_overhead_{ph}_us"] = round(over, 3)
-            note(f"runtime.compute.unit_overhead_{ph}_us", units)
+            over = _val(units, f"{ph}_overhead_us")
+            if over is not None:  # else not identified: the scenario's value stands
+                runtime["compute"][f"unit_overhead_{ph}_us"] = round(over, 3)
+                note(f"runtime.compute.unit_overhead_{ph}_us", units)
 
     # ---- optimizer
     v = _val(opt, "optimizer_GBps")
@@ -162,9 +155,10 @@ def calibrate(scn: Scenario, samples: Samples) -> tuple[dict[str, Any], dict[str
             cluster["node"].setdefault("gpu", {})["hbm_bw_GBps"] = round(v, 6)
             runtime["compute"]["optimizer_hbm_efficiency"] = 1.0
             note("cluster.node.gpu.hbm_bw_GBps", opt)
-        runtime["compute"]["optimizer_overhead_us"] = round(_val(opt, "optimizer_overhead_us")
-                                                            or 0.0, 3)
-        note("runtime.compute.optimizer_overhead_us", opt)
+        over = _val(opt, "optimizer_overhead_us")
+        if over is not None:  # else not identified: the scenario's value stands
+            runtime["compute"]["optimizer_overhead_us"] = round(over, 3)
+            note("runtime.compute.optimizer_overhead_us", opt)
 
     # ---- FedAvg local work
     v = _val(fedavg, "fedavg_local_GBps")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,12 +50,65 @@ class Param:
         return {"value": self.value, "ci95": list(self.ci95), "unit": self.unit}
 
 
+# A parameter is used for prediction only if the samples identify it: its 95% interval's
+# half-width is at most this share of its value (a wider interval, an undefined one, or one the
+# samples leave unconstrained: it stays at its physical or configured value, and the report's
+# `not_used` says so). One rule for every fit, chosen before the held-out check set was run.
+MAX_REL_HALF_WIDTH = 0.5
+# the least relative scatter a timing is taken to have when computing intervals (a fit that
+# happens to go through its points exactly still cannot tell apart what the samples confound)
+MIN_REL_SCATTER = 0.01
+
+
 @dataclass
 class FitResult:
     kind: str
     params: list[Param] = field(default_factory=list)
     residuals: list[dict[str, Any]] = field(default_factory=list)  # label, measured, predicted
     note: str = ""
+    # parameters the samples do not identify: name -> {value, ci95, unit, reason, kept}, left
+    # out of `params` (so out of the profile: the scenario's own value stands)
+    not_used: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # covariance of the used parameters (in their units, ordered as `cov_names`); parameters
+    # without one are drawn independently from their 95% intervals (`draw`)
+    cov: np.ndarray | None = None
+    cov_names: list[str] = field(default_factory=list)
+
+    def drop_unidentified(self, kept: dict[str, str] | None = None) -> None:
+        """Move every parameter whose interval is wide or undefined to `not_used`."""
+        for p in list(self.params):
+            why = unidentified(p)
+            if why:
+                self.leave_out(p, why, (kept or {}).get(p.name, "the scenario's value"))
+
+    def leave_out(self, p: Param, reason: str, kept: str) -> None:
+        self.params = [q for q in self.params if q.name != p.name]
+        self.not_used[p.name] = {**p.as_dict(), "reason": reason, "kept": kept}
+        if p.name in self.cov_names and self.cov is not None:
+            i = self.cov_names.index(p.name)
+            self.cov = np.delete(np.delete(self.cov, i, 0), i, 1)
+            self.cov_names.pop(i)
+
+    def draw(self, rng: np.random.Generator) -> FitResult:
+        """A copy with its used parameters drawn from the fit's uncertainty: jointly from
+        `cov` where the fit has one, else each from a normal whose 95% interval is its own;
+        a draw never crosses zero (rates, times and factors are positive: folded at 1% of the
+        value)."""
+        vals = {p.name: p.value for p in self.params}
+        if self.cov is not None and self.cov_names:
+            mean = np.array([vals[n] for n in self.cov_names])
+            got = rng.multivariate_normal(mean, self.cov, method="eigh")
+            vals.update(zip(self.cov_names, (float(v) for v in got), strict=True))
+        for p in self.params:
+            if p.name in self.cov_names:
+                continue
+            sd = (p.ci95[1] - p.ci95[0]) / (2 * _Z95)
+            if math.isfinite(sd) and sd > 0:
+                vals[p.name] = p.value + sd * float(rng.standard_normal())
+        out = dataclasses.replace(self, params=[
+            Param(p.name, max(vals[p.name], 0.01 * p.value) if p.value > 0 else vals[p.name],
+                  p.ci95, p.unit) for p in self.params])
+        return out
 
     @property
     def rms_rel_error(self) -> float:
@@ -66,6 +120,7 @@ class FitResult:
     def as_dict(self) -> dict[str, Any]:
         return {
             "params": {p.name: p.as_dict() for p in self.params},
+            "not_used": self.not_used,
             "n": len(self.residuals),
             "rms_rel_error": self.rms_rel_error,
             "max_abs_rel_error": max((abs(r["rel_error"]) for r in self.residuals), default=None),
@@ -78,6 +133,38 @@ def _ci(value: float, se: float) -> tuple[float, float]:
     if not math.isfinite(se):
         return (float("nan"), float("nan"))
     return (value - _Z95 * se, value + _Z95 * se)
+
+
+def unidentified(p: Param) -> str:
+    """Why the samples do not identify `p` ("" if they do)."""
+    lo, hi = p.ci95
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no 95% interval (the samples do not constrain it, or too few cases)"
+    half = (hi - lo) / 2
+    if p.value == 0 and half == 0:
+        return ""
+    if p.value == 0 and hi < 0:
+        return f"the samples put it below 0 (95% interval {lo:.4g}..{hi:.4g}): none"
+    if half > MAX_REL_HALF_WIDTH * abs(p.value):
+        return (f"95% interval {lo:.4g}..{hi:.4g} {p.unit} is wider than "
+                f"+-{MAX_REL_HALF_WIDTH:.0%} of {p.value:.4g}")
+    return ""
+
+
+def _covariance(jac: np.ndarray, s2: float) -> np.ndarray:
+    """(J^T J)^-1 s2, with an infinite variance for every parameter with weight in a direction
+    the samples do not constrain (J^T J singular there: pinv would hide it as 0)."""
+    jtj = jac.T @ jac
+    w, v = np.linalg.eigh(jtj)
+    tol = max(float(np.max(w)), 0.0) * 1e-10
+    null = w <= tol
+    inv_w = np.where(null, 0.0, 1.0 / np.where(null, 1.0, w))
+    cov = (v * inv_w) @ v.T * s2
+    loose = np.any((v[:, null] ** 2) > 1e-6, axis=1) if np.any(null) else \
+        np.zeros(len(w), dtype=bool)
+    cov[loose, :] = np.inf
+    cov[:, loose] = np.inf
+    return cov
 
 
 # ---- collectives -------------------------------------------------------------------------------
@@ -176,8 +263,14 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
     host_ops = sorted({f.op for f in feats if f.inter}) if len(rates) > 1 else []
     # a leaf switch's aggregate capacity is identifiable only if some samples load it harder
     # (more nodes sending at once) than others
+    # (more nodes sending at once) than others, and only of a switch the scenario has: a
+    # switched fabric, or a capacity it configures. An ideal fabric is non-blocking by the
+    # scenario's word; a capacity fitted there only stands in for whatever else slows many
+    # nodes sending at once (the host's cores), and caps every faster link it is used for
+    fab = scn.cluster.fabric
     sw_ratio = {round(f.sw_bytes / f.nic_bytes, 6) for f in feats if f.nic_bytes > 0}
-    has_switch = has_inter and len(sw_ratio) > 1
+    has_switch = has_inter and len(sw_ratio) > 1 and (fab.topology != "ideal"
+                                                      or fab.switch_capacity_Gbps > 0)
     # unknowns: launch_s, hop_intra_s, hop_inter_s, s_per_byte_nvlink, s_per_byte_nic,
     # s_per_byte_switch, and 1 / bandwidth factor of every other op
     x0 = np.array([1e-5, 1e-5, 1e-5, 1 / (n.nvlink.bw_GBps * 1e9), 8 / (n.nics.bw_Gbps * 1e9),
@@ -203,67 +296,201 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
         wire = slow * max(f.nv_bytes * x[3], f.nic_bytes * x[4], f.sw_bytes * x[5])
         return f.phases * x[0] + f.steps * hop + host + wire
 
-    idx = [i for i, fr in enumerate(free) if fr]
-
-    def resid(z: np.ndarray) -> np.ndarray:
-        x = x0.copy()
-        x[idx] = z
-        return np.array([(model(x, f) - f.measured) / f.measured for f in feats])
-
-    scale = x0[idx]
-    # robust (soft L1 beyond 10%): a case that hit a TCP loss-and-backoff on the tc-limited
-    # links, or a scheduler hiccup on a shared core, must not drag the fit
-    sol = optimize.least_squares(lambda z: resid(z * scale), np.ones(len(idx)),
-                                 bounds=(0, np.inf), x_scale="jac", loss="soft_l1", f_scale=0.1)
-    z = sol.x * scale
-    x = x0.copy()
-    x[idx] = z
-    dof = max(1, len(feats) - len(idx))
-    s2 = float(np.sum(sol.fun**2)) / dof
-    try:
-        cov = np.linalg.pinv(sol.jac.T @ sol.jac) * s2
-        se = np.sqrt(np.clip(np.diag(cov), 0, None)) * scale
-    except np.linalg.LinAlgError:
-        se = np.full(len(idx), np.nan)
-    se_full = np.full(len(x0), np.nan)
-    se_full[idx] = se
-    names = [("launch_us", 1e6, "us"), ("nvlink_step_latency_us", 1e6, "us"),
-             ("nic_step_latency_us", 1e6, "us")]
-    for i, (name, k, unit) in enumerate(names):
-        if free[i]:
-            res.params.append(Param(name, x[i] * k, _ci(x[i] * k, se_full[i] * k), unit))
-    for i, name, conv in ((3, "nvlink_bw_GBps", 1e-9), (4, "nic_bw_Gbps", 8e-9),
-                          (5, "switch_capacity_Gbps", 8e-9)):
-        if free[i] and x[i] > 0:
-            bw = conv / x[i]
-            # delta method: d(1/x) = dx / x^2
-            se_bw = conv * se_full[i] / x[i] ** 2
-            res.params.append(Param(name, bw, _ci(bw, se_bw), name.rsplit("_", 1)[1]))
+    # what each unknown is as a reported parameter: name, value(x), d value / dx, unit
+    conv: dict[int, tuple[str, Callable[[float], float], Callable[[float], float], str]] = {
+        0: ("launch_us", lambda v: v * 1e6, lambda v: 1e6, "us"),
+        1: ("nvlink_step_latency_us", lambda v: v * 1e6, lambda v: 1e6, "us"),
+        2: ("nic_step_latency_us", lambda v: v * 1e6, lambda v: 1e6, "us"),
+        3: ("nvlink_bw_GBps", lambda v: 1e-9 / v, lambda v: -1e-9 / v**2, "GBps"),
+        4: ("nic_bw_Gbps", lambda v: 8e-9 / v, lambda v: -8e-9 / v**2, "Gbps"),
+        5: ("switch_capacity_Gbps", lambda v: 8e-9 / v, lambda v: -8e-9 / v**2, "Gbps"),
+    }
     for (op, dom), i in slow_ix.items():  # factor = 1 / slowdown
-        fac = 1.0 / x[i] if x[i] > 0 else float("inf")
-        res.params.append(Param(f"bw_factor_{op}_{dom}", fac,
-                                _ci(fac, se_full[i] / x[i] ** 2 if x[i] > 0 else np.nan), ""))
-    hidden = []
+        conv[i] = (f"bw_factor_{op}_{dom}", lambda v: 1.0 / v, lambda v: -1.0 / v**2, "")
     for op, i in host_ix.items():  # s per byte -> us per MB
-        if x[i] <= 0:  # at its bound: none measurable, left out rather than reported as 0
-            hidden.append(op)
-            continue
-        res.params.append(Param(f"host_us_per_MB_{op}_inter", x[i] * 1e12,
-                                _ci(x[i] * 1e12, se_full[i] * 1e12), "us/MB"))
-    if hidden:
-        res.note = (f"no host work per byte of {', '.join(hidden)} across nodes apart from "
-                    f"its wire time: left at 0")
+        conv[i] = (f"host_us_per_MB_{op}_inter", lambda v: v * 1e12, lambda v: 1e12, "us/MB")
+    rt = scn.runtime.comm
+    sw_lat = scn.cluster.fabric.switch_latency_us if scn.cluster.fabric.topology != "ideal" \
+        else 0.0
+
+    def configured(i: int, launch_free: bool) -> tuple[float, str]:
+        """The scenario's own value of unknown i (what stands when the samples do not
+        identify it): physical rates stay physical, the rest as configured."""
+        soft = 0.0 if launch_free else rt.step_latency_us  # calibration zeroes it with launch
+        if i == 0:
+            return rt.launch_us * 1e-6, f"runtime.comm.launch_us {rt.launch_us:g} us"
+        if i == 1:
+            v = n.nvlink.latency_us + soft
+            return v * 1e-6, f"cluster.node.nvlink.latency_us {v:g} us (with step latency)"
+        if i == 2:
+            v = n.nics.latency_us + sw_lat + soft
+            return v * 1e-6, f"cluster.node.nics.latency_us {v:g} us (with switch, step)"
+        if i == 3:
+            bw = n.nvlink.bw_GBps * rt.nvlink_efficiency
+            return 1e-9 / bw, f"nvlink {bw:g} GB/s (bw_GBps x nvlink_efficiency)"
+        if i == 4:
+            bw = n.nics.bw_Gbps * rt.nic_efficiency
+            return 8e-9 / bw, f"nics {bw:g} Gb/s (bw_Gbps x nic_efficiency)"
+        if i == 5:
+            cap = scn.cluster.fabric.switch_capacity_Gbps
+            return (8e-9 / cap if cap > 0 else 0.0), \
+                f"cluster.fabric.switch_capacity_Gbps {cap:g}" + (" (non-blocking)" if not cap
+                                                                 else "")
+        for (op, dom), k in slow_ix.items():
+            if k == i:
+                fac = rt.bw_factor(op, dom.startswith("intra"), dom.endswith("_pair"))
+                return 1.0 / fac, f"bandwidth factor {fac:g}"
+        for op, k in host_ix.items():
+            if k == i:
+                shared = getattr(scn.runtime, "shared_cores", None)
+                v = shared.host_s_per_byte(op, False) if shared is not None else 0.0
+                return v, f"host work {v * 1e12:g} us/MB"
+        raise AssertionError(i)
+
+    def solve(idx: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Least squares over the unknowns idx (the others at x0): x, the cov of x[idx]."""
+        def resid(z: np.ndarray) -> np.ndarray:
+            x = x0.copy()
+            x[idx] = z
+            return np.array([(model(x, f) - f.measured) / f.measured for f in feats])
+
+        scale = np.where(x0[idx] > 0, x0[idx], 1e-9)
+        # robust (soft L1 beyond 10%): a case that hit a TCP loss-and-backoff on the
+        # tc-limited links, or a scheduler hiccup on a shared core, must not drag the fit
+        sol = optimize.least_squares(lambda z: resid(z * scale), np.ones(len(idx)),
+                                     bounds=(0, np.inf), x_scale="jac", loss="soft_l1",
+                                     f_scale=0.1)
+        x = x0.copy()
+        x[idx] = sol.x * scale
+        dof = max(1, len(feats) - len(idx))
+        s2 = max(float(np.sum(sol.fun**2)) / dof, MIN_REL_SCATTER**2)
+        cov = _covariance(sol.jac, s2) * np.outer(scale, scale)
+        return x, cov, sol.fun
+
+    fixed: dict[int, str] = {}  # unknown -> why it is left at the scenario's value
+    for i, why in ((1, "no sample inside a node"), (3, "no sample inside a node"),
+                   (2, "no sample across nodes"), (4, "no sample across nodes"),
+                   (5, "no two samples load the leaf switch differently" if fab.topology
+                    != "ideal" or fab.switch_capacity_Gbps > 0 else "the scenario's fabric "
+                    "is ideal (non-blocking) and configures no switch capacity")):
+        if not free[i]:
+            res.not_used[conv[i][0]] = {"value": None, "ci95": None, "unit": conv[i][3],
+                                        "reason": why, "kept": configured(i, True)[1]}
+    while True:
+        idx = [i for i, fr in enumerate(free) if fr and i not in fixed]
+        x, cov, _ = solve(idx)
+        se = np.sqrt(np.clip(np.diag(cov), 0, None))
+        cands: list[tuple[float, int, Param, str]] = []
+        params: dict[int, Param] = {}
+        for k, i in enumerate(idx):
+            name, val, dval, unit = conv[i]
+            if x[i] <= 0 and i >= 3:  # a bandwidth or factor term at its bound
+                why = "at its bound 0: none of the samples needs it"
+                p = Param(name, 0.0, (float("nan"), float("nan")), unit)
+                cands.append((math.inf, i, p, why))
+                continue
+            v = val(x[i])
+            p = Param(name, v, _ci(v, abs(dval(x[i])) * se[k]), unit)
+            params[i] = p
+            why = unidentified(p)
+            if i == 5 and not why:
+                binds = sum(f.sw_bytes * x[5] > max(f.nv_bytes * x[3], f.nic_bytes * x[4])
+                            for f in feats)
+                if not binds:
+                    why = "no sample loads the switch beyond its links' own rates"
+            if why:
+                half = (p.ci95[1] - p.ci95[0]) / 2 / max(abs(v), 1e-300)
+                cands.append((half if math.isfinite(half) else math.inf, i, p, why))
+        if not cands:
+            break
+        _w, i, p, why = max(cands, key=lambda c: c[0])
+        x0[i], kept = configured(i, 0 in idx and i != 0)
+        fixed[i] = why
+        res.not_used[p.name] = {**p.as_dict(), "reason": why, "kept": kept}
+    for i in idx:
+        res.params.append(params[i])
+    # the used parameters' covariance in their own units (delta method: elementwise maps)
+    d = np.array([conv[i][2](x[i]) for i in idx])
+    res.cov = cov * np.outer(d, d)
+    res.cov_names = [conv[i][0] for i in idx]
     for f in feats:
         pred = model(x, f)
         res.residuals.append({"label": f.label, "measured_s": f.measured,
                               "predicted_s": float(pred),
                               "rel_error": float((pred - f.measured) / f.measured)})
+    if res.not_used:
+        res.note = "not identified by the samples, kept at the scenario's value: " + "; ".join(
+            f"{k} ({v['reason']}; kept: {v['kept']})" for k, v in res.not_used.items())
     return res
 
 
 # ---- compute, optimizer, checks ----------------------------------------------------------------
 
-def fit_units(samples: Samples) -> FitResult:
+def _line(x: np.ndarray, t: np.ndarray, fixed_intercept: float | None = None
+          ) -> tuple[float, float, np.ndarray]:
+    """t = intercept + slope x by least squares: (slope, intercept, cov of (slope, intercept));
+    with `fixed_intercept`, only the slope (the intercept's variance 0). The covariance is the
+    residuals' plus that of a MIN_REL_SCATTER relative scatter of each timing (weighted least
+    squares' (X^T W X)^-1): a line through its points exactly still has an interval."""
+    n = len(x)
+    w = 1.0 / (MIN_REL_SCATTER * t) ** 2
+    if fixed_intercept is not None:
+        slope = float(np.sum(x * (t - fixed_intercept)) / np.sum(x * x))
+        r = t - fixed_intercept - slope * x
+        var = float(np.sum(r * r)) / max(1, n - 1) / float(np.sum(x * x)) \
+            + 1.0 / float(np.sum(w * x * x))
+        return slope, fixed_intercept, np.array([[var, 0.0], [0.0, 0.0]])
+    X = np.column_stack([x, np.ones(n)])
+    (slope, inter), *_ = np.linalg.lstsq(X, t, rcond=None)
+    r = t - inter - slope * x
+    s2 = float(np.sum(r * r)) / max(1, n - 2)
+    cov = np.linalg.inv(X.T @ X) * s2 + np.linalg.inv(X.T @ (X * w[:, None]))
+    return float(slope), float(inter), cov
+
+
+def _rate_and_overhead(res: FitResult, x: np.ndarray, t: np.ndarray, names: tuple[str, str],
+                       units: tuple[str, str], k_rate: float, configured_over_s: float
+                       ) -> tuple[float, float]:
+    """Fit t = overhead + x / rate; the overhead is used only if the samples identify it, else
+    it stays at the scenario's value (`configured_over_s`) and the rate is fitted alone. Adds
+    both (or the rate) to `res` with their covariance; returns (slope, overhead) in s."""
+    rate_name, over_name = names
+    if np.ptp(x) > 0:
+        slope, inter, cov = _line(x, t)
+        over = Param(over_name, inter * 1e6, _ci(inter * 1e6, math.sqrt(cov[1, 1]) * 1e6),
+                     units[1])
+        why = unidentified(over) or ("below zero" if inter < 0 else "")
+    else:
+        over = Param(over_name, float("nan"), (float("nan"), float("nan")), units[1])
+        why = "one size only: the overhead and the rate are not told apart"
+    if why:
+        res.not_used[over_name] = {**over.as_dict(), "reason": why,
+                                   "kept": f"the scenario's {configured_over_s * 1e6:g} us"}
+        slope, inter, cov = _line(x, t, configured_over_s)
+        slope = max(slope, 1e-30)
+    rate = k_rate / slope
+    d = np.array([-k_rate / slope**2, 1e6])  # d rate / d slope, d overhead_us / d intercept
+    pcov = cov * np.outer(d, d)
+    res.params.append(Param(rate_name, rate, _ci(rate, math.sqrt(pcov[0, 0])), units[0]))
+    names_used = [rate_name]
+    if not why:
+        res.params.append(Param(over_name, inter * 1e6, _ci(inter * 1e6,
+                                                            math.sqrt(pcov[1, 1])), units[1]))
+        names_used.append(over_name)
+    # one block per (rate, overhead): merged into the fit's covariance
+    k = len(names_used)
+    old = res.cov if res.cov is not None else np.zeros((0, 0))
+    m = old.shape[0]
+    new = np.zeros((m + k, m + k))
+    new[:m, :m] = old
+    new[m:, m:] = pcov[:k, :k]
+    res.cov, res.cov_names = new, [*res.cov_names, *names_used]
+    return slope, inter
+
+
+def fit_units(samples: Samples, scn: Scenario | None = None) -> FitResult:
+    """Per phase, t = overhead + FLOPs / rate; the overhead only where the samples identify
+    it (else the scenario's `unit_overhead_*_us`)."""
     res = FitResult(kind="compute")
     for phase in ("forward", "backward"):
         pts = [u for u in samples.units if u.phase == phase]
@@ -271,22 +498,12 @@ def fit_units(samples: Samples) -> FitResult:
             continue
         flops = np.array([u.flops for u in pts])
         t = np.array([u.time_s for u in pts])
-        if np.ptp(flops) == 0:
-            # one size: no separation of overhead and rate; attribute all to the rate
-            rate = float(np.sum(flops) / np.sum(t))
-            res.params.append(Param(f"{phase}_flops_per_s", rate, (rate, rate), "FLOP/s"))
-            res.params.append(Param(f"{phase}_overhead_us", 0.0, (0.0, 0.0), "us"))
-            pred = flops / rate
-        else:
-            lr = stats.linregress(flops, t)
-            slope = max(lr.slope, 1e-18)
-            rate = 1.0 / slope
-            se_rate = lr.stderr / slope**2
-            over = max(lr.intercept, 0.0)
-            res.params.append(Param(f"{phase}_flops_per_s", rate, _ci(rate, se_rate), "FLOP/s"))
-            res.params.append(Param(f"{phase}_overhead_us", over * 1e6,
-                                    _ci(over * 1e6, lr.intercept_stderr * 1e6), "us"))
-            pred = over + flops * slope
+        conf = getattr(scn.runtime.compute, f"unit_overhead_{phase}_us", 0.0) * 1e-6 \
+            if scn is not None else 0.0
+        slope, over = _rate_and_overhead(res, flops, t, (f"{phase}_flops_per_s",
+                                                         f"{phase}_overhead_us"),
+                                         ("FLOP/s", "us"), 1.0, conf)
+        pred = over + flops * slope
         for u, p in zip(pts, pred, strict=True):
             res.residuals.append({"label": f"{u.label} {u.flops:.3g} FLOP", "measured_s": u.time_s,
                                   "predicted_s": float(p),
@@ -311,13 +528,9 @@ def fit_optimizer(scn: Scenario, samples: Samples) -> FitResult:
     bpp = optimizer_bytes_per_param(scn)
     nbytes = np.array([o.params * bpp for o in pts])
     t = np.array([o.time_s for o in pts])
-    lr = stats.linregress(nbytes, t)
-    slope = max(lr.slope, 1e-18)
-    over = max(lr.intercept, 0.0)
-    bw = 1e-9 / slope
-    res.params.append(Param("optimizer_overhead_us", over * 1e6,
-                            _ci(over * 1e6, lr.intercept_stderr * 1e6), "us"))
-    res.params.append(Param("optimizer_GBps", bw, _ci(bw, 1e-9 * lr.stderr / slope**2), "GB/s"))
+    slope, over = _rate_and_overhead(res, nbytes, t, ("optimizer_GBps", "optimizer_overhead_us"),
+                                     ("GB/s", "us"), 1e-9,
+                                     scn.runtime.compute.optimizer_overhead_us * 1e-6)
     for o, b in zip(pts, nbytes, strict=True):
         pred = over + b * slope
         res.residuals.append({"label": f"adamw {o.params:.3g} params", "measured_s": o.time_s,
@@ -475,3 +688,35 @@ def fit_checks(samples: Samples) -> FitResult:
                               [c.time_s for c in pts], [f"check p={c.group_size}" for c in pts])
     res.params.append(Param("gloo_hop_us", hop * 1e6, _ci(hop * 1e6, se * 1e6), "us"))
     return res
+
+
+def _configured(scn: Scenario, *paths: str) -> float:
+    """The scenario's value at the first of these dotted runtime paths that exists (keys move
+    between releases), else 0."""
+    for path in paths:
+        obj: Any = scn
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if isinstance(obj, (int, float)):
+            return float(obj)
+    return 0.0
+
+
+def fit_all(scn: Scenario, samples: Samples) -> list[FitResult]:
+    """Every fit the calibration uses, in `calibrate`'s order: collectives, compute, optimizer,
+    debug checks, FedAvg local work, out-of-step collectives, out-of-step compute, group drift;
+    each with only the parameters its samples identify (`FitResult.not_used`: the others, which
+    keep the scenario's value)."""
+    cstep = fit_out_of_step(samples, "compute")
+    cstep.drop_unidentified()
+    cv = next((p.value for p in cstep.params if p.name == "out_of_step_cv"), None)
+    if cv is None:
+        cv = _configured(scn, "runtime.shared_cores.compute_cv",
+                         "runtime.compute.out_of_step_cv")
+    step = fit_out_of_step(samples, "comm", compute_cv=cv)
+    drift = fit_group_drift(samples)
+    fits = [fit_comm(scn, samples), fit_units(samples, scn), fit_optimizer(scn, samples),
+            fit_checks(samples), fit_fedavg(samples), step, cstep, drift]
+    for f in fits:
+        f.drop_unidentified()
+    return fits

@@ -215,9 +215,10 @@ def test_two_rank_rings_get_their_own_factor_where_longer_rings_were_measured():
     scn = load_scenario(TINY, {"cluster.node.nics.bw_Gbps": 0.4})
     res = fit_comm(scn, _pair_and_ring_samples(PAIR_TRUE))
     got = {p.name: p.value for p in res.params}
-    assert got["bw_factor_all_gather_inter_pair"] == pytest.approx(0.6, rel=1e-2)
-    assert got["bw_factor_all_gather_inter"] == pytest.approx(0.9, rel=1e-2)
-    assert res.rms_rel_error < 1e-3
+    # (the 50 us launch is not identified at a 1% timing scatter: the hops take it, +-2%)
+    assert got["bw_factor_all_gather_inter_pair"] == pytest.approx(0.6, rel=2e-2)
+    assert got["bw_factor_all_gather_inter"] == pytest.approx(0.9, rel=2e-2)
+    assert res.rms_rel_error < 2e-2
     # only pairs measured: one factor for the domain, which longer rings then use as well
     pairs = Samples(comm=[c for c in _pair_and_ring_samples(PAIR_TRUE).comm
                           if len(c.instances[0]) == 2])
@@ -313,12 +314,14 @@ def test_out_of_step_slowdown_from_the_bench(tmp_path):
     assert cv.value == pytest.approx(0.04)  # sqrt(0.05^2 - 0.03^2): beyond the in-step spread
     slow, cv = fit_out_of_step(samples, "compute").params
     assert slow.value == pytest.approx(0.15) and cv.value == pytest.approx(0.16)
-    profile, _ = calibrate(load_scenario(TINY), samples)
+    profile, rep = calibrate(load_scenario(TINY), samples)
     shared = profile["runtime"]["shared_cores"]
     assert shared["comm_slowdown"] == pytest.approx(0.25)
     assert shared["comm_cv"] == pytest.approx(0.04)
     assert shared["compute_slowdown"] == pytest.approx(0.15)
-    assert shared["compute_cv"] == pytest.approx(0.16)
+    # one compute case: no 95% interval, so not used (the scenario's value stands)
+    assert rep["fits"]["out_of_step_compute"]["not_used"]["out_of_step_cv"]["value"] == \
+        pytest.approx(0.16)
     assert profile["runtime"]["provenance"]["runtime.shared_cores.comm_slowdown"].startswith(
         "fitted (out_of_step_comm, n=3")
     # faster beside busy groups than in step: no slowdown
@@ -362,8 +365,9 @@ def test_collective_spread_from_the_free_running_loop(tmp_path):
     assert [p.name for p in res.params] == ["out_of_step_cv"]  # no slowdown without its cases
     assert res.params[0].value == pytest.approx(want)
     assert res.residuals[0]["predicted_s"] == pytest.approx(0.013)
-    profile, _ = calibrate(load_scenario(TINY), samples)
-    assert profile["runtime"]["shared_cores"]["comm_cv"] == pytest.approx(want, abs=1e-4)
+    _, rep = calibrate(load_scenario(TINY), samples)
+    # one loop case: no 95% interval, so not used (the scenario's value stands)
+    assert "out_of_step_cv" in rep["fits"]["out_of_step_comm"]["not_used"]
     # without the compute block's share the whole excess goes to the collective
     assert fit_out_of_step(samples, "comm").params[0].value == pytest.approx(
         math.sqrt(0.013**2 - 0.010**2) / solo)
