@@ -122,6 +122,11 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
                           trace_steps=trace_steps)
     if not quiet:
         print_report(out)
+    if profile:  # where the scenario leaves the calibration's samples (issue 18)
+        from .calibration.extrapolation import for_run
+
+        for line in for_run(scn, profile, out, list(algorithms) or None):
+            click.echo(line)
     if json_path:
         write_json(json_path, out)
         click.echo(f"wrote {json_path}")
@@ -220,6 +225,8 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
         params = ", ".join(f"{k} {v['value']:.4g} {v['unit']} [{v['ci95'][0]:.3g}, "
                            f"{v['ci95'][1]:.3g}]" for k, v in f["params"].items())
         click.echo(f"{kind}: n={f['n']}, rms rel error {f['rms_rel_error']:.1%}: {params}")
+        for k, v in f.get("not_used", {}).items():  # the scenario's value stands (issue 18)
+            click.echo(f"  not used: {k} ({v['reason']}); kept: {v['kept']}")
     click.echo(f"wrote {out} and {report}")
 
 
@@ -238,8 +245,10 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
 @click.option("--fresh", is_flag=True, help="Re-run benchmarks and runs found in --out.")
 @click.option("--measured-only", is_flag=True,
               help="Do not run anything: read measurements already in --out.")
+@click.option("--draws", type=click.IntRange(min=0, max=1000), default=40, show_default=True,
+              help="Draws of the fitted parameters per shape for the [p10, p90] intervals.")
 def validate(scenario: Path | None, published: Path | None, only_set: str | None, out: Path,
-             json_path: Path | None, fresh: bool, measured_only: bool) -> None:
+             json_path: Path | None, fresh: bool, measured_only: bool, draws: int) -> None:
     """Calibrate on micro-benchmarks, run the validation shapes for real on the testbed and
     report predicted against measured step time, phases and speedups; or, with --published,
     predict published cluster measurements (a benchmark of the model's accuracy)."""
@@ -267,16 +276,20 @@ def validate(scenario: Path | None, published: Path | None, only_set: str | None
     if scenario is None:
         raise SpecError("validate: give a SCENARIO, or --published")
     res = run_validation(scenario, out, echo=lambda m: console.print(m, highlight=False),
-                         reuse=not fresh, skip_runs=measured_only)
+                         reuse=not fresh, skip_runs=measured_only, draws=draws)
     t = Table(title=f"validation of {res['scenario']}: predicted (calibrated on micro-benchmarks "
                     "only) vs measured, ms per step (rest: compute and host work)")
-    for col in ("run", "measured step", "predicted step", "error", "fwd m/p", "bwd m/p",
-                "opt m/p", "agg m/p", "collectives m/p", "rest m/p"):
-        t.add_column(col, justify="left" if col == "run" else "right")
+    for col in ("run", "set", "measured step", "predicted step", "interval", "error",
+                "fwd m/p", "bwd m/p", "opt m/p", "agg m/p", "collectives m/p", "rest m/p"):
+        t.add_column(col, justify="left" if col in ("run", "set") else "right")
     for r in res["runs"]:
         mp, pp = r["measured_phases_s"], r["predicted_phases_s"]
-        t.add_row(r["name"], f"{r['measured_step_time_s'] * 1e3:.1f} ms",
-                  f"{r['predicted_step_time_s'] * 1e3:.1f} ms", f"{100 * r['error']:+.1f}%",
+        lo, hi = r["predicted_interval_s"]
+        t.add_row(r["name"], r["split"] + (" (baseline)" if r["baseline"] else ""),
+                  f"{r['measured_step_time_s'] * 1e3:.1f} ms",
+                  f"{r['predicted_step_time_s'] * 1e3:.1f} ms",
+                  f"{lo * 1e3:.0f}-{hi * 1e3:.0f}" + ("" if r["inside_interval"] else " !"),
+                  f"{100 * r['error']:+.1f}%",
                   *[f"{mp[k] * 1e3:.0f}/{pp[k] * 1e3:.0f}" for k in
                     ("forward", "backward", "optimizer", "aggregation")],
                   *[f"{r['measured_' + k] * 1e3:.0f}/{r['predicted_' + k] * 1e3:.0f}"
@@ -287,12 +300,30 @@ def validate(scenario: Path | None, published: Path | None, only_set: str | None
         console.print(f"  speedup {s['name']}: measured {s['measured']:.2f}x (launches "
                       f"{min(spread):.2f}-{max(spread):.2f}x), predicted "
                       f"{s['predicted']:.2f}x ({100 * s['error']:+.1f}%)", highlight=False)
+    for r in res["runs"]:
+        for f in r["extrapolating"]:
+            console.print(f"  {r['name']}: extrapolating {f['what']} {f['value']:.4g} (samples "
+                          f"{f['range'][0]:.4g}..{f['range'][1]:.4g}): interval widened "
+                          f"+-{100 * f['widening_sd']:.0f}% of its share", highlight=False)
     for split, sm in res["summary"].items():  # the fit set, then the held-out check set
         if sm["median_abs_error"] is None:
             continue
+        inside = sm.get("inside_interval")
         console.print(f"  {split} set: median |error| {100 * sm['median_abs_error']:.1f}% over "
                       f"{sm['runs']} runs; worst {sm['worst']['name']} "
-                      f"{100 * sm['worst']['error']:+.1f}%", highlight=False)
+                      f"{100 * sm['worst']['error']:+.1f}%; FL+FSDP/FSDP within 15%: "
+                      f"{sm['fl_fsdp_over_fsdp_within_15pct']}/{sm['fl_fsdp_over_fsdp_pairs']}"
+                      + (f"; measured inside [p10, p90]: {100 * inside:.0f}%"
+                         if inside is not None else ""), highlight=False)
+    for mech, got in res.get("mechanisms", {}).items():
+        on, off = got["on"].get("check"), got["off"].get("check")
+        if on and off:
+            console.print(f"  mechanism {mech}: check-set median |error| on "
+                          f"{100 * on['median_abs_error']:.1f}% / off "
+                          f"{100 * off['median_abs_error']:.1f}%; worst FL+FSDP/FSDP on "
+                          f"{100 * (on['fl_fsdp_over_fsdp_max_abs_error'] or 0):.1f}% / off "
+                          f"{100 * (off['fl_fsdp_over_fsdp_max_abs_error'] or 0):.1f}%",
+                          highlight=False)
     if json_path:
         write_json(json_path, res)
         click.echo(f"wrote {json_path}")

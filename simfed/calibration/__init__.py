@@ -16,6 +16,7 @@ import yaml
 
 from ..collectives import OPS
 from ..spec.scenario import Scenario
+from .extrapolation import sample_ranges
 from .fit import FitResult, fit_all, optimizer_bytes_per_param
 from .samples import Samples, read_inputs
 
@@ -187,6 +188,8 @@ def calibrate(scn: Scenario, samples: Samples, fits: list[FitResult] | None = No
         "sources": sorted(set(samples.sources)),
         "optimizer_bytes_per_param": optimizer_bytes_per_param(scn),
         "fits": {f.kind: f.as_dict() for f in fits},
+        # where the samples were taken: a prediction outside these ranges extrapolates
+        "ranges": sample_ranges(scn, samples),
     }
     return profile, report
 

@@ -74,10 +74,12 @@ class FitResult:
     cov: np.ndarray | None = None
     cov_names: list[str] = field(default_factory=list)
 
-    def drop_unidentified(self, kept: dict[str, str] | None = None) -> None:
-        """Move every parameter whose interval is wide or undefined to `not_used`."""
+    def drop_unidentified(self, kept: dict[str, str] | None = None,
+                          force: tuple[str, ...] = ()) -> None:
+        """Move every parameter whose interval is wide or undefined to `not_used` (but those
+        whose name starts with one of `force`: used whatever their interval)."""
         for p in list(self.params):
-            why = unidentified(p)
+            why = "" if p.name.startswith(force) and force else unidentified(p)
             if why:
                 self.leave_out(p, why, (kept or {}).get(p.name, "the scenario's value"))
 
@@ -233,7 +235,7 @@ def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_Com
     return feats
 
 
-def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
+def fit_comm(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> FitResult:
     """Fit launch_us, nvlink/nic per-step latency and bandwidths to collective samples."""
     impl = scn.runtime.comm.collective
     feats = _comm_features(scn, samples, impl)
@@ -392,7 +394,7 @@ def fit_comm(scn: Scenario, samples: Samples) -> FitResult:
             v = val(x[i])
             p = Param(name, v, _ci(v, abs(dval(x[i])) * se[k]), unit)
             params[i] = p
-            why = unidentified(p)
+            why = "" if force and name.startswith(force) else unidentified(p)
             if i == 5 and not why:
                 binds = sum(f.sw_bytes * x[5] > max(f.nv_bytes * x[3], f.nic_bytes * x[4])
                             for f in feats)
@@ -702,21 +704,22 @@ def _configured(scn: Scenario, *paths: str) -> float:
     return 0.0
 
 
-def fit_all(scn: Scenario, samples: Samples) -> list[FitResult]:
+def fit_all(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> list[FitResult]:
     """Every fit the calibration uses, in `calibrate`'s order: collectives, compute, optimizer,
     debug checks, FedAvg local work, out-of-step collectives, out-of-step compute, group drift;
     each with only the parameters its samples identify (`FitResult.not_used`: the others, which
-    keep the scenario's value)."""
+    keep the scenario's value). `force`: name prefixes used whatever their interval (to see
+    what a mechanism whose coefficients the samples do not identify would have done)."""
     cstep = fit_out_of_step(samples, "compute")
-    cstep.drop_unidentified()
+    cstep.drop_unidentified(force=force)
     cv = next((p.value for p in cstep.params if p.name == "out_of_step_cv"), None)
     if cv is None:
         cv = _configured(scn, "runtime.shared_cores.compute_cv",
                          "runtime.compute.out_of_step_cv")
     step = fit_out_of_step(samples, "comm", compute_cv=cv)
     drift = fit_group_drift(samples)
-    fits = [fit_comm(scn, samples), fit_units(samples, scn), fit_optimizer(scn, samples),
+    fits = [fit_comm(scn, samples, force), fit_units(samples, scn), fit_optimizer(scn, samples),
             fit_checks(samples), fit_fedavg(samples), step, cstep, drift]
     for f in fits:
-        f.drop_unidentified()
+        f.drop_unidentified(force=force)
     return fits

@@ -16,6 +16,7 @@ simfed never imports torch or realrun: it calls the `realrun` command.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -26,11 +27,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..engine import simulate
 from ..spec.scenario import REBENCH_PARTS, Scenario, ValidationShape, load_scenario
 from ..spec.schema import SpecError
 from ..spec.trace import read_trace, wall_step_times
 from . import Samples, calibrate, read_inputs, write_profile
+from .extrapolation import (
+    QUANTITIES,
+    Z80,
+    extrapolation,
+    scenario_quantities,
+    step_shares,
+    widening,
+)
+from .fit import FitResult, fit_all
 
 PHASES = ("forward", "backward", "optimizer", "aggregation")
 COMM = "collectives"
@@ -139,27 +151,87 @@ def _median_of(ms: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _calibrate(scn: Scenario, samples: Samples, out: Path, shape: str, source: str
-               ) -> tuple[Path, dict[str, Any]]:
-    """Fit a profile on benchmarks alone; write it (profile[-SHAPE].yaml) and its report."""
-    profile, report = calibrate(scn, samples)
-    suffix = f"-{shape}" if shape else ""
+def _calibrate(scn: Scenario, samples: Samples, out: Path, shape: str, source: str,
+               force: tuple[str, ...] = (), tag: str = ""
+               ) -> tuple[Path, dict[str, Any], list[FitResult]]:
+    """Fit a profile on benchmarks alone; write it (profile[-SHAPE][-TAG].yaml) and its report
+    (calibration[-SHAPE][-TAG].json); return them with the fits (for draws)."""
+    fits = fit_all(scn, samples, force)
+    profile, report = calibrate(scn, samples, fits)
+    suffix = (f"-{shape}" if shape else "") + (f"-{tag}" if tag else "")
     what = f"{len(set(samples.sources))} bench summaries of {source}" + (
         f", compute re-benchmarked right before shape {shape}" if shape else "")
     path = write_profile(out / f"profile{suffix}.yaml", profile,
                          header=f"simfed calibrate: fitted on realrun micro-benchmarks only "
                                 f"({what}); never on end-to-end runs")
     (out / f"calibration{suffix}.json").write_text(
-        json.dumps(report, indent=2, sort_keys=True) + "\n")
-    return path, report
+        json.dumps(_finite(report), indent=2, sort_keys=True) + "\n")
+    return path, report, fits
+
+
+def _finite(obj: Any) -> Any:
+    """NaN and infinities as null (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+DRAWS = 40  # parameter draws per shape for the prediction intervals
+# the shared-core mechanisms (simfed.contention): the switch under runtime.shared_cores and the
+# fitted parameters that make it (name prefixes in the calibration's fits)
+MECHANISMS = {
+    "slowdown": ("out_of_step_slowdown",),
+    "spread": ("out_of_step_cv",),
+    "group_drift": ("group_drift_ms_per_sqrt_s",),
+    "host_work": ("host_us_per_MB_",),
+}
+
+
+@dataclass
+class _Shape:
+    split: str
+    shape: ValidationShape
+    sets: dict[str, Any]
+    algs: list[str]
+    samples: Samples
+
+
+def _simulate(scenario: Path, sets: dict[str, Any], profile: Path, algs: list[str]
+              ) -> tuple[Scenario, dict[str, dict[str, Any]]]:
+    pscn = load_scenario(scenario, sets, profile=profile)
+    pred, _ = simulate(pscn, algorithms=algs)
+    by_name = {r["name"]: r for r in pred["algorithms"]}
+    return pscn, {a: by_name[pscn.algorithm(a).name] for a in algs}
+
+
+def _intervals(scenario: Path, scn: Scenario, sh: _Shape, fits: list[FitResult], out: Path,
+               draws: int, seed: int) -> dict[str, list[float]]:
+    """Step times of each algorithm over `draws` profiles whose fitted parameters are drawn
+    from the fits' uncertainty (seeded: the same every time)."""
+    rng = np.random.default_rng(seed)
+    folder = out / "draws" / sh.shape.name
+    folder.mkdir(parents=True, exist_ok=True)
+    got: dict[str, list[float]] = {a: [] for a in sh.algs}
+    for k in range(draws):
+        drawn = [f.draw(rng) for f in fits]
+        profile, _ = calibrate(scn, sh.samples, drawn)
+        path = write_profile(folder / f"profile-{k}.yaml", profile, header=f"draw {k}")
+        _, pred = _simulate(scenario, sh.sets, path, sh.algs)
+        for a in sh.algs:
+            got[a].append(pred[a]["step_time_s"])
+    return got
 
 
 def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
-             reuse: bool = True, skip_runs: bool = False) -> dict[str, Any]:
+             reuse: bool = True, skip_runs: bool = False, draws: int = DRAWS,
+             mechanisms: bool = True) -> dict[str, Any]:
     scn = load_scenario(scenario)
     splits = shape_sets(scn)
     shapes = [s for _split, s in splits]
-    split_of = {s.name: split for split, s in splits}
     runner = Runner(echo)
     out.mkdir(parents=True, exist_ok=True)
     # ---- 1. benchmarks
@@ -178,16 +250,16 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                        out / "logs" / f"bench{i}.log")
     # ---- 2. calibration on the benchmarks only
     samples = read_inputs(bench_dirs, scn.cluster.node.gpus)
-    profile_path, report = _calibrate(scn, samples, out, "", scenario.name)
+    profile_path, report, _fits = _calibrate(scn, samples, out, "", scenario.name)
     echo(f"profile: {profile_path}")
-    # ---- 3. end-to-end runs, 4. predictions
-    rows = []
+    # ---- 3. end-to-end runs
     repeats = scn.validation.repeats
     rebench = scn.validation.rebench
-    for shape in shapes:
+    todo_shapes: list[_Shape] = []
+    for split, shape in splits:
         sets = dict(shape.set or {})
         algs = list(shape.algorithms) or [a.label or a.name for a in scn.algorithms]
-        shape_profile = profile_path
+        shape_samples = samples
         todo = [rep for rep in range(repeats) if any(
             not reuse or not (out / "runs" / shape.name / f"rep{rep}" / a / "summary.json")
             .exists() for a in algs)]
@@ -205,9 +277,7 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                 runner.realrun(["bench", str(scenario), "--testbed", "--out", str(d),
                                 *_fmt_sets(sets), "--skip", ",".join(skip)],
                                out / "logs" / f"bench-{shape.name}.log")
-            fresh = read_inputs([d], scn.cluster.node.gpus)
-            shape_profile, _ = _calibrate(scn, samples.refreshed(fresh), out, shape.name,
-                                          scenario.name)
+            shape_samples = samples.refreshed(read_inputs([d], scn.cluster.node.gpus))
         for rep in todo:
             run_dir = out / "runs" / shape.name / f"rep{rep}"
             missing = [a for a in algs
@@ -218,21 +288,51 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                             str(scenario), *_fmt_sets(sets), "--algorithm", ",".join(missing),
                             "--out", str(run_dir)],
                            out / "logs" / f"run-{shape.name}-rep{rep}.log")
-        pscn = load_scenario(scenario, sets, profile=shape_profile)
-        pred, _ = simulate(pscn, algorithms=algs)
-        by_name = {r["name"]: r for r in pred["algorithms"]}
-        for a in algs:
-            m = _median_of([_measured(out / "runs" / shape.name / f"rep{rep}" / a)
-                            for rep in range(repeats)])
-            p = by_name[pscn.algorithm(a).name]
-            err = (p["step_time_s"] - m["step_time_s"]) / m["step_time_s"]
+        todo_shapes.append(_Shape(split, shape, sets, algs, shape_samples))
+    # ---- 4. predictions: calibrated on the benchmarks only (re-benchmarked compute in place),
+    # with [p10, p90] from draws of the fitted parameters, widened where a shape extrapolates
+    rows = []
+    measured = {}
+    for n, sh in enumerate(todo_shapes):
+        shape = sh.shape
+        measured[shape.name] = {a: _median_of([_measured(out / "runs" / shape.name / f"rep{rep}"
+                                                         / a) for rep in range(repeats)])
+                                for a in sh.algs}
+        if rebench:
+            shape_profile, shape_report, fits = _calibrate(scn, sh.samples, out, shape.name,
+                                                           scenario.name)
+        else:
+            shape_profile, shape_report, fits = profile_path, report, _fits
+        pscn, pred = _simulate(scenario, sh.sets, shape_profile, sh.algs)
+        spread = _intervals(scenario, scn, sh, fits, out, draws, scn.seed * 1000 + n) \
+            if draws else {a: [] for a in sh.algs}
+        flags = extrapolation(shape_report["ranges"], scenario_quantities(pscn, sh.algs))
+        rms = {k: v["rms_rel_error"] for k, v in shape_report["fits"].items()}
+        for a in sh.algs:
+            m, p = measured[shape.name][a], pred[a]
+            step = p["step_time_s"]
+            extra = widening(flags, rms, step_shares(p))
+            ts = spread[a]
+            lo, hi = (float(np.percentile(ts, 10)), float(np.percentile(ts, 90))) if ts \
+                else (step, step)
+            lo, hi = min(lo, step), max(hi, step)
+            wide = [lo * max(0.0, 1 - Z80 * extra), hi * (1 + Z80 * extra)]
+            err = (step - m["step_time_s"]) / m["step_time_s"]
             rows.append({
-                "name": f"{shape.name}/{a}", "shape": shape.name, "split": split_of[shape.name],
-                "baseline": a in shape.baselines, "set": sets, "algorithm": a,
+                "name": f"{shape.name}/{a}", "shape": shape.name, "split": sh.split,
+                "baseline": a in shape.baselines, "set": sh.sets, "algorithm": a,
                 "profile": str(shape_profile),
-                "predicted_step_time_s": p["step_time_s"],
+                "predicted_step_time_s": step,
                 "measured_step_time_s": m["step_time_s"], "error": err,
                 "measured_launches_s": m["launches"],
+                # [p10, p90] over the draws of the fitted parameters, and widened for the
+                # quantities this shape takes outside the calibration's samples
+                "predicted_p10_p90_s": [lo, hi],
+                "predicted_interval_s": wide,
+                "inside_interval": wide[0] <= m["step_time_s"] <= wide[1],
+                "extrapolating": [{**f, "widening_sd": f["doublings"] * (
+                    rms.get(QUANTITIES[f["quantity"]][1]) or 0.0)} for f in flags],
+                "widening_rel_sd": extra,
                 "predicted_phases_s": {k: p["phases_s"][k] for k in PHASES},
                 "measured_phases_s": m["phases_s"],
                 "phase_errors_s": {k: p["phases_s"][k] - m["phases_s"][k] for k in PHASES},
@@ -240,8 +340,9 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                 "measured_comm_s": m["comm_s"],
                 "predicted_comm_s": p["exposed_comm_s"],
                 "measured_rest_s": m["step_time_s"] - m["comm_s"],
-                "predicted_rest_s": p["step_time_s"] - p["exposed_comm_s"],
+                "predicted_rest_s": step - p["exposed_comm_s"],
             })
+    split_of = {s.name: split for split, s in splits}
     speedups = []
     for shape in shapes:
         got = {r["algorithm"]: r for r in rows if r["shape"] == shape.name}
@@ -263,8 +364,12 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
     result = {
         "scenario": scn.name,
         "profile": str(profile_path),
-        "calibration": {k: {"n": v["n"], "rms_rel_error": v["rms_rel_error"]}
+        "calibration": {k: {"n": v["n"], "rms_rel_error": v["rms_rel_error"],
+                            "used": sorted(v["params"]),
+                            "not_used": {n: u["reason"] for n, u in v["not_used"].items()}}
                         for k, v in report["fits"].items()},
+        "ranges": report["ranges"],
+        "draws": draws,
         "runs": rows,
         "speedups": speedups,
         "check_shapes": [{"name": s.name, "set": dict(s.set or {}),
@@ -274,7 +379,59 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                                      [s for s in speedups if s["split"] == split])
                     for split in ("fit", "check") if any(r["split"] == split for r in rows)},
     }
+    if mechanisms:
+        result["mechanisms"] = _mechanisms(scenario, scn, todo_shapes, measured, out, echo)
     return result
+
+
+def _errors(scenario: Path, todo: list[_Shape], measured: dict[str, Any],
+            profile_for: Callable[[_Shape], Path], sets_extra: dict[str, Any]
+            ) -> dict[str, Any]:
+    """Step-time and FL+FSDP/FSDP speedup errors of each set, re-predicted from the same
+    measured runs with these profiles and overrides."""
+    rows, speedups = [], []
+    for sh in todo:
+        _, pred = _simulate(scenario, {**sh.sets, **sets_extra}, profile_for(sh), sh.algs)
+        m = measured[sh.shape.name]
+        for a in sh.algs:
+            rows.append({"split": sh.split, "baseline": a in sh.shape.baselines,
+                         "name": f"{sh.shape.name}/{a}",
+                         "error": (pred[a]["step_time_s"] - m[a]["step_time_s"])
+                         / m[a]["step_time_s"]})
+        if "fl_fsdp" in pred and "fsdp" in pred:
+            ms = statistics.median(x / y for x, y in zip(m["fsdp"]["launches"],
+                                                          m["fl_fsdp"]["launches"], strict=True))
+            ps = pred["fsdp"]["step_time_s"] / pred["fl_fsdp"]["step_time_s"]
+            speedups.append({"split": sh.split, "pair": "fl_fsdp/fsdp", "error": (ps - ms) / ms})
+    return {split: summarize([r for r in rows if r["split"] == split],
+                             [s for s in speedups if s["split"] == split])
+            for split in ("fit", "check") if any(r["split"] == split for r in rows)}
+
+
+def _mechanisms(scenario: Path, scn: Scenario, todo: list[_Shape], measured: dict[str, Any],
+                out: Path, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Each shared-core mechanism on and off, from the same measured runs and benchmarks: off
+    is the calibrated profile with the mechanism's switch off; on is a calibration that uses
+    its coefficients whatever their intervals (as fitted), switch on."""
+    out_m = out / "mechanisms"
+    out_m.mkdir(parents=True, exist_ok=True)
+    base: dict[str, Path] = {}
+    for sh in todo:
+        p = out / f"profile-{sh.shape.name}.yaml"
+        base[sh.shape.name] = p if p.exists() else out / "profile.yaml"
+    table = {}
+    for mech, prefixes in MECHANISMS.items():
+        echo(f"mechanism {mech}: on and off")
+        forced: dict[str, Path] = {}
+        for sh in todo:
+            forced[sh.shape.name], _, _ = _calibrate(scn, sh.samples, out_m, sh.shape.name,
+                                                     scenario.name, force=prefixes, tag=mech)
+        on = _errors(scenario, todo, measured, lambda sh, f=forced: f[sh.shape.name],
+                     {f"runtime.shared_cores.{mech}": True})
+        off = _errors(scenario, todo, measured, lambda sh: base[sh.shape.name],
+                      {f"runtime.shared_cores.{mech}": False})
+        table[mech] = {"on": on, "off": off}
+    return table
 
 
 def summarize(rows: list[dict[str, Any]], speedups: list[dict[str, Any]]) -> dict[str, Any]:
@@ -294,4 +451,7 @@ def summarize(rows: list[dict[str, Any]], speedups: list[dict[str, Any]]) -> dic
         "fl_fsdp_over_fsdp_within_15pct":
             sum(abs(s["error"]) <= 0.15 for s in main_pairs) if main_pairs else None,
         "fl_fsdp_over_fsdp_pairs": len(main_pairs),
+        # the share of measured step times inside the predicted interval (target ~80%)
+        "inside_interval": (sum(bool(r["inside_interval"]) for r in scored) / len(scored))
+        if scored and all("inside_interval" in r for r in scored) else None,
     }

@@ -113,3 +113,28 @@ def test_wide_intervals_are_left_out_and_draws_are_seeded():
     many = [res.draw(np.random.default_rng(i)).params[0].value for i in range(400)]
     assert np.mean(many) == pytest.approx(10.0, abs=0.1)
     assert np.std(many) == pytest.approx(1.0 / 1.96, rel=0.15)
+
+
+def test_simfed_run_says_where_a_profile_is_extrapolated(tmp_path):
+    from click.testing import CliRunner
+
+    from simfed.calibration.extrapolation import sample_ranges
+    from simfed.cli import main
+
+    scn = load_scenario(TINY)
+    samples = _samples()
+    profile, report = calibrate(scn, samples)
+    assert report["ranges"] == sample_ranges(scn, samples)
+    path = write_profile(tmp_path / "p.yaml", profile)
+    (tmp_path / "p.json").write_text(__import__("json").dumps(report))
+    rate = scn.cluster.node.nics.bw_Gbps
+    inside = CliRunner().invoke(main, ["run", str(TINY), "--profile", str(path), "-q",
+                                       "-a", "hsdp"])
+    assert inside.exit_code == 0, inside.output
+    assert "link rate" not in inside.output
+    far = CliRunner().invoke(main, ["run", str(TINY), "--profile", str(path), "-q", "-a", "hsdp",
+                                    "--set", f"cluster.node.nics.bw_Gbps={4 * rate}"])
+    assert far.exit_code == 0, far.output
+    assert f"extrapolating inter-node link rate (Gb/s): {4 * rate:.4g} outside" in far.output
+    assert "(2.00 doublings)" in far.output
+    assert "interval widened by +-" in far.output

@@ -71,7 +71,7 @@ def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
     _bench(out / "bench" / "set0", 10.0)
     _bench(out / "bench" / "set1", 5.0)
     _launches(out)
-    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
+    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=4, mechanisms=False)
 
     rows = {r["algorithm"]: r for r in res["runs"]}
     # warm-up steps dropped; the wall time per step, not the slowest rank's
@@ -117,7 +117,7 @@ def test_check_set_is_reported_apart_and_baselines_are_not_scored(tmp_path):
     _bench(out / "bench" / "set0", 10.0)
     _launches(out)
     shutil.copytree(out / "runs" / "base", out / "runs" / "k1")
-    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
+    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=4, mechanisms=False)
     splits = {r["name"]: (r["split"], r["baseline"]) for r in res["runs"]}
     assert splits == {"base/fsdp": ("fit", False), "base/fl_fsdp": ("fit", False),
                       "k1/fsdp": ("check", True), "k1/fl_fsdp": ("check", False)}
@@ -129,6 +129,49 @@ def test_check_set_is_reported_apart_and_baselines_are_not_scored(tmp_path):
     assert [s["split"] for s in res["speedups"] if s["pair"] == "fl_fsdp/fsdp"] == \
         ["fit", "check"]
     assert [c["name"] for c in res["check_shapes"]] == ["k1"]
+
+
+def test_intervals_from_parameter_draws_widen_where_a_shape_extrapolates(tmp_path):
+    import shutil
+
+    scn_path = tmp_path / "scn.yaml"
+    scn_path.write_text(
+        f"include: {TINY}\n"
+        "validation:\n"
+        "  repeats: 3\n"
+        "  bench_sets: [{cluster.node.nics.bw_Gbps: 5.0, skip: units}]\n"
+        "  fit: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n"
+        "  check: [{name: fast, set: {cluster.node.nics.bw_Gbps: 40.0},\n"
+        "           algorithms: [fsdp, fl_fsdp]}]\n")
+    out = tmp_path / "out"
+    _bench(out / "bench" / "set0", 10.0)
+    _bench(out / "bench" / "set1", 5.0)
+    _launches(out)
+    shutil.copytree(out / "runs" / "base", out / "runs" / "fast")
+    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=12)
+    rows = {r["name"]: r for r in res["runs"]}
+    base, fast = rows["base/fsdp"], rows["fast/fsdp"]
+    # benchmarked at 5 and 10 Gb/s: the base shape's rate is inside, 40 Gb/s two doublings out;
+    # both run FSDP over 4 ranks where the bench's groups had 2 (one doubling)
+    assert [f["quantity"] for f in base["extrapolating"]] == ["group_ranks"]
+    assert base["extrapolating"][0]["doublings"] == pytest.approx(1.0)
+    flag = next(f for f in fast["extrapolating"] if f["quantity"] == "link_Gbps")
+    assert flag["doublings"] == pytest.approx(2.0) and flag["range"] == [5.0, 10.0]
+    assert fast["widening_rel_sd"] > base["widening_rel_sd"] > 0
+    lo, hi = fast["predicted_p10_p90_s"]
+    assert lo <= fast["predicted_step_time_s"] <= hi
+    assert fast["predicted_interval_s"][0] < lo and fast["predicted_interval_s"][1] > hi
+    inside = [r["inside_interval"] for r in res["runs"] if r["split"] == "check"]
+    assert res["summary"]["check"]["inside_interval"] == pytest.approx(sum(inside) / 2)
+    # seeded: the same intervals again
+    again = validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=12,
+                     mechanisms=False)
+    assert [r["predicted_interval_s"] for r in again["runs"]] == \
+        [r["predicted_interval_s"] for r in res["runs"]]
+    # no shared cores, nothing of theirs fitted: each mechanism on and off predict alike
+    for mech, got in res["mechanisms"].items():
+        assert got["on"]["check"]["median_abs_error"] == pytest.approx(
+            got["off"]["check"]["median_abs_error"]), mech
 
 
 def test_baselines_must_be_algorithms_of_the_shape(tmp_path):
@@ -148,7 +191,8 @@ def test_validate_without_measurements_names_the_missing_shape(tmp_path):
     scn_path.write_text(f"include: {TINY}\nvalidation: {{shapes: [{{name: base, set: {{}}}}]}}\n")
     _bench(tmp_path / "out" / "bench" / "set0", 10.0)
     with pytest.raises(SpecError, match="no measurements for shape 'base'"):
-        validate(scn_path, tmp_path / "out", echo=lambda _m: None, skip_runs=True)
+        validate(scn_path, tmp_path / "out", echo=lambda _m: None, skip_runs=True,
+                 draws=0, mechanisms=False)
 
 
 def _units(folder, flops_per_s: float) -> None:
@@ -175,13 +219,13 @@ def test_rebench_predicts_each_shape_with_the_compute_measured_right_before_it(t
     _units(out / "bench" / "set0", 2e12)
     _launches(out)
     with pytest.raises(SpecError, match="no re-benchmark for shape 'base'"):
-        validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
+        validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=4, mechanisms=False)
     # the host ran twice as fast right before the launches: the shape is predicted at that speed
     fresh = out / "bench" / "shape-base"
     fresh.mkdir(parents=True)
     (fresh / "bench-summary.json").write_text(json.dumps({"meta": {}}))
     _units(fresh, 4e12)
-    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True)
+    res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=4, mechanisms=False)
     first = load_scenario(scn_path, profile=res["profile"])
     assert all(r["profile"] == str(out / "profile-base.yaml") for r in res["runs"])
     shape = load_scenario(scn_path, profile=out / "profile-base.yaml")
