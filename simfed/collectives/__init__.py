@@ -35,7 +35,7 @@ class Phase:
     @property
     def pair(self) -> bool:
         """A ring of two ranks (its own bandwidth factor: one exchange each way with a peer)."""
-        return max(len(i) for i in self.instances) == 2
+        return max(map(len, self.instances)) == 2
 
 
 def _ring_factor(op: str, p: int) -> tuple[float, int]:
@@ -49,7 +49,7 @@ def _ring_factor(op: str, p: int) -> tuple[float, int]:
 
 
 def ring(op: str, instances: Sequence[tuple[int, ...]], gpus_per_node: int) -> list[Phase]:
-    p = max(len(i) for i in instances)
+    p = max(map(len, instances))
     e, steps = _ring_factor(op, p)
     return [Phase(tuple(instances), e, steps, op)] if steps else []
 

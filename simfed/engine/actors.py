@@ -63,6 +63,9 @@ class Partition:
 def rank_factors(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int,
                  lockstep: bool = True) -> tuple[list[tuple], dict[tuple, np.ndarray]]:
     """Per rank, a hashable key of its compute-factor sequence, and the sequences by key."""
+    if not (strag.slow_nodes or strag.slow_gpus or strag.jitter.sigma > 0):
+        key = (1.0, None)  # every rank at factor 1 (what the loops below give, without them)
+        return [key] * plan.world, {key: np.full(steps, 1.0)}
     node_f = defaultdict(lambda: 1.0)
     for s in strag.slow_nodes:
         node_f[s.node] *= s.factor
@@ -193,6 +196,16 @@ def partition(plan: ParallelPlan, strag: StragglerSpec, steps: int, seed: int,
     for d in strag.degraded_nics:
         nic_f[d.node] *= d.factor
     world = plan.world
+    if not nic_f and keys.count(keys[0]) == world:  # homogeneous: one actor, one node class
+        part = Partition(actors=[Actor(index=0, ranks=tuple(range(world)), factors=seqs[keys[0]])],
+                         actor_of_rank=[0] * world, node_class=[0] * plan.nodes,
+                         nic_factor_of_class=[1.0])
+        for k in kinds:
+            insts = plan.process_groups[k]
+            part.components[k] = [Component(kind=k, index=0, actors=(0,), instances=insts,
+                                            size=len(insts[0]))]
+            part.component_of[k] = [0]
+        return part
     # initial classes: compute factors and the NIC health of the rank's node
     label = _relabel([(keys[r], nic_f[plan.node_of(r)]) for r in range(world)])
     while max(label) > 0:  # refine: same class only if the process groups hold the same classes

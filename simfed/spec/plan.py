@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from .algorithms import algorithm_info
 from .schema import SpecError
 
@@ -137,21 +139,11 @@ class ParallelPlan:
     def process_groups(self) -> dict[str, tuple[tuple[int, ...], ...]]:
         """Every process group of each kind as a tuple of rank tuples. A kind whose groups have a
         single member does no communication but is listed for completeness."""
-        shard = tuple(
-            tuple(self.rank_of(g, r, s) for s in range(self.shard))
-            for g in range(self.groups)
-            for r in range(self.replicate)
-        )
-        replicate = tuple(
-            tuple(self.rank_of(g, r, s) for r in range(self.replicate))
-            for g in range(self.groups)
-            for s in range(self.shard)
-        )
-        fed = tuple(
-            tuple(self.rank_of(g, r, s) for g in range(self.groups))
-            for r in range(self.replicate)
-            for s in range(self.shard)
-        )
+        ranks = np.arange(self.world).reshape(self.groups, self.replicate, self.shard)
+        shard = tuple(map(tuple, ranks.reshape(-1, self.shard).tolist()))
+        replicate = tuple(map(tuple, ranks.transpose(0, 2, 1).reshape(-1, self.replicate)
+                              .tolist()))
+        fed = tuple(map(tuple, ranks.transpose(1, 2, 0).reshape(-1, self.groups).tolist()))
         return {"shard": shard, "replicate": replicate, "fed": fed}
 
     def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
