@@ -20,26 +20,23 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import simpy
 
 from ..collectives import collective_impl
 from ..collectives.nccl import NcclModel, engine_cost, nccl_model
-from ..contention import NO_CONTENTION, HostContention
 from ..hardware import Hardware
 from ..network.flow import FlowNetwork
 from ..network.geometry import RingLoad, ring_load
 from ..network.links import GLOBAL, LEAF_UP, LINK_KINDS, NIC, NVLINK, SWITCH, LinkClass
 from ..spec.plan import ParallelPlan
 from ..spec.scenario import CommRuntime, HostRuntime
+from ..spec.stats import expected_max_normal
 from ..spec.units import us_to_s
 from .actors import Partition
-from .program import Op, OpKind, Program
-
-COMPUTE, COLLECTIVE, SYNC, HOST_WORK = (OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SYNC,
-                                        OpKind.HOST_WORK)
+from .program import COLL, COMPUTE, HOSTWORK, SYNC, Op, Program
 
 _INF = math.inf
 
@@ -53,10 +50,6 @@ class CollectivePlan:
     size: int
     private: bool = False  # no other communicator can load its links
     solo_s: float = 0.0  # duration alone on the network (latency + bandwidth terms)
-    link_bytes: tuple[tuple[str, float], ...] = ()  # bytes_by_kind's non-zero entries
-
-    def __post_init__(self) -> None:
-        self.link_bytes = tuple((k, b) for k, b in self.bytes_by_kind.items() if b)
 
 
 @dataclass
@@ -72,14 +65,6 @@ class ActorState:
 
 
 _ISSUED, _DONE = 0, 1
-_RING_LOADS: dict[tuple, RingLoad] = {}  # (links key, instances) -> load, oldest first
-_RING_LOADS_KEPT = 64
-
-
-def forget_ring_loads() -> None:
-    """Drop the ring loads kept from earlier simulations (`simfed.engine.run.simulate` starts
-    with this, so one call's algorithms share rings and no call is timed on another's)."""
-    _RING_LOADS.clear()
 
 
 class _Rendezvous:
@@ -96,18 +81,18 @@ class Simulation:
     def __init__(self, *, hw: Hardware, plan: ParallelPlan, part: Partition,
                  programs: dict[bool, Program], aggregate_steps: set[int], steps: int,
                  comm: CommRuntime, host: HostRuntime,
-                 contention: HostContention = NO_CONTENTION):
+                 busy_share: dict[int, float] | None = None,
+                 compute_slowdown: float = 0.0, compute_cv: float = 0.0,
+                 group_drift: float = 0.0):
         self.env = simpy.Environment()
         self.hw, self.plan, self.part = hw, plan, part
         self.programs = programs
         self.aggregate_steps = aggregate_steps
         self.steps = steps
         self.comm, self.host = comm, host
-        self.contention = contention  # what the host adds (simfed.contention); no-op default
         self.links = self._link_classes()
         self.net = FlowNetwork(self.env, [lc.capacity_Bps for lc in self.links])
-        # what the link classes and their indices depend on (ring loads are shared by it)
-        self._links_key = (hw, tuple(part.node_class), tuple(part.nic_factor_of_class))
+        self._loads: dict[tuple, RingLoad] = {}
         self._coll_cache: dict[tuple, CollectivePlan] = {}
         self._nccl: NcclModel | None = None
         self._rv: dict[tuple, _Rendezvous] = {}
@@ -116,8 +101,19 @@ class Simulation:
         self._private_links = self._find_private_links()
         # per process-group kind: host debug-check cost (instances of a kind have one size)
         self._check = {k: self.debug_check_s(c[0].size) for k, c in part.components.items()}
-        # per process-group kind and component: the actors that meet at its collectives
-        self._members = {k: [len(c.actors) for c in comps] for k, comps in part.components.items()}
+        # CPU testbeds: per (kind, actor), the actors of ranks out of step with it on its cores
+        self.compute_slowdown, self.compute_cv = compute_slowdown, compute_cv
+        modelled = (comm.out_of_step_slowdown, comm.out_of_step_cv, compute_slowdown, compute_cv)
+        self.core_mates = self._find_core_mates() if any(modelled) else {}
+        self.mate_busy = busy_share or {}  # per actor: share of the run it is busy
+        # federation groups on cores of their own drift apart between their meetings: a
+        # random walk of group_drift s per sqrt(s) for the process groups that join them
+        self.group_drift = group_drift
+        self.drifting = self._drifting_kinds() if group_drift > 0 else set()
+        # per actor: how often out-of-step ranks on its cores are busy (the mean field)
+        self.out_of_step = [self._mates_busy({b for (_k, a), m in self.core_mates.items()
+                                              if a == st.index for b in m})
+                            for st in self.states]
 
     # ---- links --------------------------------------------------------------------------
     def _link_classes(self) -> list[LinkClass]:
@@ -159,7 +155,7 @@ class Simulation:
         users: dict[int, set[tuple[str, int]]] = defaultdict(set)
         for prog in self.programs.values():
             for op in prog.ops:
-                if op.kind is not COLLECTIVE:
+                if op.kind != COLL:
                     continue
                 for comp in self.part.components[op.pg]:
                     plan = self.collective(op.pg, comp.index, op.coll, op.nbytes)
@@ -170,6 +166,69 @@ class Simulation:
         for plan in self._coll_cache.values():  # every collective the programs can issue
             plan.private = all(link in private for _l, d in plan.phases for link in d)
         return private
+
+    def _find_core_mates(self) -> dict[tuple[str, int], tuple[int, ...]]:
+        """Per (process-group kind, actor): the actors of the ranks that share a host core with
+        the actor's rank, belong to another federation group and are not in the collective.
+        Federation groups meet only at FedAvg, so between rounds such a rank is out of step
+        with the collective (a rank's own group is in step with it: its collectives join
+        them)."""
+        cores = self.hw.node_cores
+        if not cores or self.plan.groups < 2:
+            return {}
+        plan, part = self.plan, self.part
+        on_core: dict[int, list[int]] = defaultdict(list)
+        for r in range(plan.world):
+            for c in cores[plan.node_of(r)]:
+                on_core[c].append(r)
+        mates: dict[tuple[str, int], tuple[int, ...]] = {}
+        for kind in part.components:
+            for actor in part.actors:
+                r = actor.rank
+                inst = set(plan.group_of(kind, r))
+                group = plan.coords(r)[0]
+                found = {part.actor_of_rank[q] for c in cores[plan.node_of(r)] for q in on_core[c]
+                         if q not in inst and plan.coords(q)[0] != group}
+                if found:
+                    mates[(kind, actor.index)] = tuple(sorted(found))
+        return mates
+
+    def _drifting_kinds(self) -> set[str]:
+        """Process-group kinds whose collectives join ranks of different federation groups
+        that share no host core (cores not modelled: none shared). Groups on shared cores are
+        out of step there instead (`_find_core_mates`)."""
+        plan, cores = self.plan, self.hw.node_cores
+        kinds = set()
+        for kind, comps in self.part.components.items():
+            for comp in comps:
+                for inst in comp.instances:
+                    groups = {plan.coords(r)[0] for r in inst}
+                    shared = bool(cores) and any(
+                        plan.coords(a)[0] != plan.coords(b)[0]
+                        and cores[plan.node_of(a)] & cores[plan.node_of(b)]
+                        for a in inst for b in inst if a < b)
+                    if len(groups) > 1 and not shared:
+                        kinds.add(kind)
+        return kinds
+
+    def _mates_busy(self, mates: Iterable[int]) -> float:
+        """Share of time at least one of these (independent) actors is busy."""
+        free = 1.0
+        for b in mates:
+            free *= 1.0 - self.mate_busy.get(b, 0.0)
+        return 1.0 - free
+
+    def out_of_step_s(self, kind: str, comp: int, solo_s: float) -> float:
+        """Time a collective of a component loses to out-of-step ranks on its ranks' cores:
+        each member meets their work (compute, their own collectives) for the share of time
+        they are busy (independent phases: the mean field), and the collective ends with its
+        slowest member. The collective's own time is what in-step ranks give it (the
+        collective fit's samples ran every group at once from a barrier)."""
+        if not self.core_mates:
+            return 0.0
+        worst = max(self._mates_busy(self.core_mates.get((kind, a), ()))
+                    for a in self.part.components[kind][comp].actors)
+        return self.comm.out_of_step_slowdown * worst * solo_s
 
     def collective(self, kind: str, comp: int, op: str, nbytes: int) -> CollectivePlan:
         key = (kind, comp, op, nbytes)
@@ -186,8 +245,12 @@ class Simulation:
         phases = []
         kinds = dict.fromkeys(LINK_KINDS, 0.0)
         solo = 0.0
-        for ph in impl(run_op, component.instances, self.hw.gpus_per_node):
-            load = self._ring_load(ph.instances)
+        for i, ph in enumerate(impl(run_op, component.instances, self.hw.gpus_per_node)):
+            lkey = (kind, comp, run_op, i)  # phase i of `op` always spans the same instances
+            load = self._loads.get(lkey)
+            if load is None:
+                load = self._loads[lkey] = ring_load(self.hw, ph.instances, self._link_index,
+                                                     node_class=self.part.node_class)
             # bytes over the links, slowed by the implementation's achieved-bandwidth factor
             # (per op, inside a node or across nodes)
             intra = not any(b > 0 for k, b in load.bytes_per_E.items() if k != NVLINK)
@@ -199,9 +262,10 @@ class Simulation:
                 latency, factor = engine_cost(self._nccl_model(), run_op, nbytes, ph.instances)
                 e_bytes *= factor
             demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
-            # host work per byte (copies, reductions, the kernel's network stack): gloo does it
-            # between its transfers, so it adds to the wire time
-            latency += self.contention.collective_host_s(fop, intra, ph.e_factor * nbytes)
+            # host work per byte (copies, reductions, the kernel's network stack), on the cores
+            # the ranks share: gloo does it between its transfers, so it adds to the wire time
+            latency += (ph.e_factor * nbytes * self.comm.host_s_per_byte(fop, intra)
+                        * self.hw.ranks_per_core)
             phases.append((latency, demand))
             solo += latency + self.net.solo_time_s(demand)
             for k, b in load.bytes_per_E.items():
@@ -209,20 +273,6 @@ class Simulation:
         plan = CollectivePlan(phases, kinds, component.size, solo_s=solo)
         self._coll_cache[key] = plan
         return plan
-
-    def _ring_load(self, instances: tuple[tuple[int, ...], ...]) -> RingLoad:
-        """Where a ring over these instances puts its bytes: a function of the instances, the
-        hardware and the node classes only, so kept for every simulation of this process (the
-        algorithms of one scenario share many rings, e.g. a node's ranks)."""
-        key = (self._links_key, instances)
-        load = _RING_LOADS.get(key)
-        if load is None:
-            load = ring_load(self.hw, instances, self._link_index,
-                             node_class=self.part.node_class)
-            _RING_LOADS[key] = load
-            while len(_RING_LOADS) > _RING_LOADS_KEPT:
-                del _RING_LOADS[next(iter(_RING_LOADS))]
-        return load
 
     def _nccl_model(self) -> NcclModel:
         if self._nccl is None:
@@ -267,137 +317,119 @@ class Simulation:
             t = (st.issued if table == _ISSUED else st.done)[step][idx]
         return t
 
-    def program(self, step: int) -> Program:
-        """The program the actors run at this step (with FedAvg after it or not)."""
+    def _program(self, step: int) -> Program:
         return self.programs[step in self.aggregate_steps]
 
     # ---- processes ----------------------------------------------------------------------
-    # The loops below read a time straight from the tables when it is already determined (the
-    # common case) and fall back to `_time_of` (a SimPy wait) only when it is not.
     def _host(self, st: ActorState) -> Iterator[simpy.Event]:
         h = 0.0  # the host thread's clock: it may run ahead of the simulation clock
-        issued_rows, done_rows, waiters = st.issued, st.done, st.waiters
         for step in range(self.steps):
-            prog = self.program(step)
+            prog = self._program(step)
             n = len(prog.ops)
-            issued, done, started = [_INF] * n, [_INF] * n, [_INF] * n
-            issued_rows.append(issued)
-            started_row = started
-            st.started.append(started)
+            st.issued.append([_INF] * n)
+            st.started.append([_INF] * n)
             st.launched.append([_INF] * n)
-            done_rows.append(done)
+            st.done.append([_INF] * n)
             st.check_s.append([0.0] * n)
             for op in prog.ops:
-                idx = op.idx
                 h += op.host_s
                 if op.host_waits >= 0:  # FSDP1 rate limiter: an older buffer must be freed
-                    t = done[op.host_waits]
-                    if t == _INF:
-                        t = yield from self._time_of(st, _DONE, step, op.host_waits)
-                    if t > h:
-                        h = t
-                kind = op.kind
-                if kind is SYNC:
+                    h = max(h, (yield from self._time_of(st, _DONE, step, op.host_waits)))
+                if op.kind == SYNC:
                     for w in op.waits:
-                        t = done[w]
-                        if t == _INF:
-                            t = yield from self._time_of(st, _DONE, step, w)
-                        if t > h:
-                            h = t
-                    issued[idx] = started_row[idx] = h
-                    done[idx] = h
+                        h = max(h, (yield from self._time_of(st, _DONE, step, w)))
+                    st.issued[step][op.idx] = st.started[step][op.idx] = h
+                    st.done[step][op.idx] = h
                     continue
-                if kind is HOST_WORK:
-                    issued[idx] = started_row[idx] = h
+                if op.kind == HOSTWORK:
+                    st.issued[step][op.idx] = st.started[step][op.idx] = h
                     h += op.duration_s
-                    done[idx] = h
+                    st.done[step][op.idx] = h
                     continue
-                if kind is COLLECTIVE:
+                if op.kind == COLL:
                     check = self._check[op.pg]
                     if check:
                         comp = self.part.component_of[op.pg][st.index]
                         arrive = h
-                        rv, last = self._arrive(("host", op.pg, comp, step, idx), op.pg,
+                        rv, last = self._arrive(("host", op.pg, comp, step, op.idx), op.pg,
                                                 comp, h)
                         if last:  # everyone's host is here: fingerprint + monitored barrier
                             self._resolve(rv, rv.latest + check)
                         if rv.result == _INF:
                             yield self._rv_event(rv)
                         h = rv.result
-                        st.check_s[step][idx] = h - arrive
-                issued[idx] = h
-                if waiters:
-                    ev = waiters.pop((_ISSUED, step, idx), None)
-                    if ev is not None:
-                        ev.succeed()
+                        st.check_s[step][op.idx] = h - arrive
+                self._set(st, _ISSUED, step, op.idx, h)
             st.host_end.append(h)
         # the host's last clock reading is a time in the future of the GPU work it issued
 
     def _stream(self, st: ActorState, stream: int) -> Iterator[simpy.Event]:
         factors = [float(f) for f in self.part.actors[st.index].factors]
-        compute_factor = self.contention.compute_factor(st.index)  # host contention: 1.0
-        arrivals = self.contention.arrivals(st.index)  # ... None: members arrive as simulated
-        component_of = self.part.component_of
-        issued_rows, done_rows, waiters = st.issued, st.done, st.waiters
         free = 0.0  # the stream's own clock: when its last op ends
+        # beside out-of-step ranks (share w of the time): compute is slower, and every op's
+        # time varies from rank to rank; the variance a rank's arrival has gathered since the
+        # group last met becomes, at the next collective, a wait for its latest member
+        w = self.out_of_step[st.index]
+        c_slow, c_sd = 1.0 + self.compute_slowdown * w, self.compute_cv * w
+        m_sd = self.comm.out_of_step_cv
+        # per process-group kind: the variance gathered since that group last met (a
+        # collective of one group does not bring the members of another into step: FL groups
+        # drift apart over the K steps between FedAvg rounds)
+        var = dict.fromkeys(self.part.component_of, 0.0)
+        met = dict.fromkeys(self.drifting, 0.0)  # when each drifting group last met
+        q = self.group_drift ** 2
         for step in range(self.steps):
-            prog = self.program(step)
+            prog = self._program(step)
             for op in prog.stream_ops[stream]:
-                idx = op.idx
-                t = issued_rows[step][idx] if step < len(issued_rows) else _INF
-                if t == _INF:
-                    t = yield from self._time_of(st, _ISSUED, step, idx)
-                start = t if t > free else free
-                if op.deps or op.after_prev_step:
-                    done = done_rows[step] if step < len(done_rows) else None
-                    for d in op.deps:
-                        t = done[d] if done is not None else _INF
-                        if t == _INF:
-                            t = yield from self._time_of(st, _DONE, step, d)
-                            done = done_rows[step]
-                        if t > start:
-                            start = t
-                    if op.after_prev_step and step > 0:
-                        last = self.program(step - 1).last
-                        t = done_rows[step - 1][last]
-                        if t == _INF:
-                            t = yield from self._time_of(st, _DONE, step - 1, last)
-                        if t > start:
-                            start = t
-                if op.kind is COMPUTE:
-                    st.started[step][idx] = start
-                    duration = op.duration_s * factors[step] * compute_factor
-                    end = start + duration
-                    if arrivals is not None:
-                        arrivals.computed(duration)
+                start = max(free, (yield from self._time_of(st, _ISSUED, step, op.idx)))
+                for d in op.deps:
+                    start = max(start, (yield from self._time_of(st, _DONE, step, d)))
+                if op.after_prev_step and step > 0:
+                    last = self._program(step - 1).last
+                    start = max(start, (yield from self._time_of(st, _DONE, step - 1, last)))
+                if op.kind == COMPUTE:
+                    st.started[step][op.idx] = start
+                    d = op.duration_s * factors[step] * c_slow
+                    end = start + d
+                    if c_sd:
+                        for k in var:
+                            var[k] += (c_sd * d) ** 2
                 else:
-                    comp = component_of[op.pg][st.index]
-                    st.started[step][idx] = start  # it waits inside for the others
-                    if arrivals is not None:  # the group's expected latest arrival
-                        start += arrivals.wait_s(
-                            op.pg, self.part.components[op.pg][comp].size, start)
-                    rv, last = self._arrive(("gpu", op.pg, comp, step, idx), op.pg, comp,
+                    comp = self.part.component_of[op.pg][st.index]
+                    st.started[step][op.idx] = start  # it waits inside for the others
+                    if op.pg in met:  # the groups' drift since they last met
+                        var[op.pg] += q * max(start - met[op.pg], 0.0)
+                    if var[op.pg] > 0:  # the group's expected latest arrival
+                        start += expected_max_normal(self.part.components[op.pg][comp].size) \
+                            * math.sqrt(var[op.pg])
+                        var[op.pg] = 0.0
+                    rv, last = self._arrive(("gpu", op.pg, comp, step, op.idx), op.pg, comp,
                                             start)
                     if last:
                         self._launch(rv, op, comp)
                     if rv.result == _INF:
                         yield self._rv_event(rv)
                     end = rv.result
-                    st.launched[step][idx] = rv.latest
-                    if arrivals is not None:
-                        solo_s = self.collective(op.pg, comp, op.coll, op.nbytes).solo_s
-                        arrivals.collective_done(op.pg, end, solo_s)
+                    st.launched[step][op.idx] = rv.latest
+                    if m_sd > 0 and (op.pg, st.index) in self.core_mates:
+                        # where this rank's end falls among its members': apart from the
+                        # group just met, and further apart from the others
+                        e2 = (m_sd * self._mates_busy(self.core_mates[(op.pg, st.index)])
+                              * self.collective(op.pg, comp, op.coll, op.nbytes).solo_s) ** 2
+                        for k in var:
+                            var[k] = e2 if k == op.pg else var[k] + e2
+                    if op.pg in met:
+                        met[op.pg] = end
                 free = end
-                done_rows[step][idx] = end
-                if waiters:
-                    ev = waiters.pop((_DONE, step, idx), None)
-                    if ev is not None:
-                        ev.succeed()
+                self._set(st, _DONE, step, op.idx, end)
 
     # ---- rendezvous and collectives -----------------------------------------------------
+    def _members(self, pg: str, comp: int) -> int:
+        return len(self.part.components[pg][comp].actors)
+
     def _arrive(self, key: tuple, pg: str, comp: int, t: float) -> tuple[_Rendezvous, bool]:
         """Join a rendezvous at time t; True when this arrival completes it."""
-        members = self._members[pg][comp]
+        members = self._members(pg, comp)
         if members == 1:
             rv = _Rendezvous()
             rv.arrived, rv.latest = 1, t
@@ -424,14 +456,10 @@ class Simulation:
 
     def _launch(self, rv: _Rendezvous, op: Op, comp: int) -> None:
         """Everyone has joined (at rv.latest): run the collective."""
-        plan = self._coll_cache.get((op.pg, comp, op.coll, op.nbytes))
-        if plan is None:
-            plan = self.collective(op.pg, comp, op.coll, op.nbytes)
-        bytes_by_kind = self.bytes_by_kind
-        for k, b in plan.link_bytes:
-            bytes_by_kind[k] += b
-        extra = (self.contention.extra_collective_s(op.pg, comp, plan.solo_s)
-                 if self.contention.active else 0.0)
+        plan = self.collective(op.pg, comp, op.coll, op.nbytes)
+        for k, b in plan.bytes_by_kind.items():
+            self.bytes_by_kind[k] += b
+        extra = self.out_of_step_s(op.pg, comp, plan.solo_s)
         if plan.private:
             self._resolve(rv, rv.latest + plan.solo_s + extra)
             return
