@@ -20,23 +20,26 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import simpy
 
 from ..collectives import collective_impl
 from ..collectives.nccl import NcclModel, engine_cost, nccl_model
+from ..contention import NO_CONTENTION, HostContention
 from ..hardware import Hardware
 from ..network.flow import FlowNetwork
 from ..network.geometry import RingLoad, ring_load
 from ..network.links import GLOBAL, LEAF_UP, LINK_KINDS, NIC, NVLINK, SWITCH, LinkClass
 from ..spec.plan import ParallelPlan
 from ..spec.scenario import CommRuntime, HostRuntime
-from ..spec.stats import expected_max_normal
 from ..spec.units import us_to_s
 from .actors import Partition
-from .program import COLL, COMPUTE, HOSTWORK, SYNC, Op, Program
+from .program import Op, OpKind, Program
+
+COMPUTE, COLLECTIVE, SYNC, HOST_WORK = (OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SYNC,
+                                        OpKind.HOST_WORK)
 
 _INF = math.inf
 
@@ -81,15 +84,14 @@ class Simulation:
     def __init__(self, *, hw: Hardware, plan: ParallelPlan, part: Partition,
                  programs: dict[bool, Program], aggregate_steps: set[int], steps: int,
                  comm: CommRuntime, host: HostRuntime,
-                 busy_share: dict[int, float] | None = None,
-                 compute_slowdown: float = 0.0, compute_cv: float = 0.0,
-                 group_drift: float = 0.0):
+                 contention: HostContention = NO_CONTENTION):
         self.env = simpy.Environment()
         self.hw, self.plan, self.part = hw, plan, part
         self.programs = programs
         self.aggregate_steps = aggregate_steps
         self.steps = steps
         self.comm, self.host = comm, host
+        self.contention = contention  # what the host adds (simfed.contention); no-op default
         self.links = self._link_classes()
         self.net = FlowNetwork(self.env, [lc.capacity_Bps for lc in self.links])
         self._loads: dict[tuple, RingLoad] = {}
@@ -101,19 +103,6 @@ class Simulation:
         self._private_links = self._find_private_links()
         # per process-group kind: host debug-check cost (instances of a kind have one size)
         self._check = {k: self.debug_check_s(c[0].size) for k, c in part.components.items()}
-        # CPU testbeds: per (kind, actor), the actors of ranks out of step with it on its cores
-        self.compute_slowdown, self.compute_cv = compute_slowdown, compute_cv
-        modelled = (comm.out_of_step_slowdown, comm.out_of_step_cv, compute_slowdown, compute_cv)
-        self.core_mates = self._find_core_mates() if any(modelled) else {}
-        self.mate_busy = busy_share or {}  # per actor: share of the run it is busy
-        # federation groups on cores of their own drift apart between their meetings: a
-        # random walk of group_drift s per sqrt(s) for the process groups that join them
-        self.group_drift = group_drift
-        self.drifting = self._drifting_kinds() if group_drift > 0 else set()
-        # per actor: how often out-of-step ranks on its cores are busy (the mean field)
-        self.out_of_step = [self._mates_busy({b for (_k, a), m in self.core_mates.items()
-                                              if a == st.index for b in m})
-                            for st in self.states]
 
     # ---- links --------------------------------------------------------------------------
     def _link_classes(self) -> list[LinkClass]:
@@ -155,7 +144,7 @@ class Simulation:
         users: dict[int, set[tuple[str, int]]] = defaultdict(set)
         for prog in self.programs.values():
             for op in prog.ops:
-                if op.kind != COLL:
+                if op.kind is not COLLECTIVE:
                     continue
                 for comp in self.part.components[op.pg]:
                     plan = self.collective(op.pg, comp.index, op.coll, op.nbytes)
@@ -166,69 +155,6 @@ class Simulation:
         for plan in self._coll_cache.values():  # every collective the programs can issue
             plan.private = all(link in private for _l, d in plan.phases for link in d)
         return private
-
-    def _find_core_mates(self) -> dict[tuple[str, int], tuple[int, ...]]:
-        """Per (process-group kind, actor): the actors of the ranks that share a host core with
-        the actor's rank, belong to another federation group and are not in the collective.
-        Federation groups meet only at FedAvg, so between rounds such a rank is out of step
-        with the collective (a rank's own group is in step with it: its collectives join
-        them)."""
-        cores = self.hw.node_cores
-        if not cores or self.plan.groups < 2:
-            return {}
-        plan, part = self.plan, self.part
-        on_core: dict[int, list[int]] = defaultdict(list)
-        for r in range(plan.world):
-            for c in cores[plan.node_of(r)]:
-                on_core[c].append(r)
-        mates: dict[tuple[str, int], tuple[int, ...]] = {}
-        for kind in part.components:
-            for actor in part.actors:
-                r = actor.rank
-                inst = set(plan.group_of(kind, r))
-                group = plan.coords(r)[0]
-                found = {part.actor_of_rank[q] for c in cores[plan.node_of(r)] for q in on_core[c]
-                         if q not in inst and plan.coords(q)[0] != group}
-                if found:
-                    mates[(kind, actor.index)] = tuple(sorted(found))
-        return mates
-
-    def _drifting_kinds(self) -> set[str]:
-        """Process-group kinds whose collectives join ranks of different federation groups
-        that share no host core (cores not modelled: none shared). Groups on shared cores are
-        out of step there instead (`_find_core_mates`)."""
-        plan, cores = self.plan, self.hw.node_cores
-        kinds = set()
-        for kind, comps in self.part.components.items():
-            for comp in comps:
-                for inst in comp.instances:
-                    groups = {plan.coords(r)[0] for r in inst}
-                    shared = bool(cores) and any(
-                        plan.coords(a)[0] != plan.coords(b)[0]
-                        and cores[plan.node_of(a)] & cores[plan.node_of(b)]
-                        for a in inst for b in inst if a < b)
-                    if len(groups) > 1 and not shared:
-                        kinds.add(kind)
-        return kinds
-
-    def _mates_busy(self, mates: Iterable[int]) -> float:
-        """Share of time at least one of these (independent) actors is busy."""
-        free = 1.0
-        for b in mates:
-            free *= 1.0 - self.mate_busy.get(b, 0.0)
-        return 1.0 - free
-
-    def out_of_step_s(self, kind: str, comp: int, solo_s: float) -> float:
-        """Time a collective of a component loses to out-of-step ranks on its ranks' cores:
-        each member meets their work (compute, their own collectives) for the share of time
-        they are busy (independent phases: the mean field), and the collective ends with its
-        slowest member. The collective's own time is what in-step ranks give it (the
-        collective fit's samples ran every group at once from a barrier)."""
-        if not self.core_mates:
-            return 0.0
-        worst = max(self._mates_busy(self.core_mates.get((kind, a), ()))
-                    for a in self.part.components[kind][comp].actors)
-        return self.comm.out_of_step_slowdown * worst * solo_s
 
     def collective(self, kind: str, comp: int, op: str, nbytes: int) -> CollectivePlan:
         key = (kind, comp, op, nbytes)
@@ -262,10 +188,9 @@ class Simulation:
                 latency, factor = engine_cost(self._nccl_model(), run_op, nbytes, ph.instances)
                 e_bytes *= factor
             demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
-            # host work per byte (copies, reductions, the kernel's network stack), on the cores
-            # the ranks share: gloo does it between its transfers, so it adds to the wire time
-            latency += (ph.e_factor * nbytes * self.comm.host_s_per_byte(fop, intra)
-                        * self.hw.ranks_per_core)
+            # host work per byte (copies, reductions, the kernel's network stack): gloo does it
+            # between its transfers, so it adds to the wire time
+            latency += self.contention.collective_host_s(fop, intra, ph.e_factor * nbytes)
             phases.append((latency, demand))
             solo += latency + self.net.solo_time_s(demand)
             for k, b in load.bytes_per_E.items():
@@ -317,14 +242,15 @@ class Simulation:
             t = (st.issued if table == _ISSUED else st.done)[step][idx]
         return t
 
-    def _program(self, step: int) -> Program:
+    def program(self, step: int) -> Program:
+        """The program the actors run at this step (with FedAvg after it or not)."""
         return self.programs[step in self.aggregate_steps]
 
     # ---- processes ----------------------------------------------------------------------
     def _host(self, st: ActorState) -> Iterator[simpy.Event]:
         h = 0.0  # the host thread's clock: it may run ahead of the simulation clock
         for step in range(self.steps):
-            prog = self._program(step)
+            prog = self.program(step)
             n = len(prog.ops)
             st.issued.append([_INF] * n)
             st.started.append([_INF] * n)
@@ -335,18 +261,18 @@ class Simulation:
                 h += op.host_s
                 if op.host_waits >= 0:  # FSDP1 rate limiter: an older buffer must be freed
                     h = max(h, (yield from self._time_of(st, _DONE, step, op.host_waits)))
-                if op.kind == SYNC:
+                if op.kind is SYNC:
                     for w in op.waits:
                         h = max(h, (yield from self._time_of(st, _DONE, step, w)))
                     st.issued[step][op.idx] = st.started[step][op.idx] = h
                     st.done[step][op.idx] = h
                     continue
-                if op.kind == HOSTWORK:
+                if op.kind is HOST_WORK:
                     st.issued[step][op.idx] = st.started[step][op.idx] = h
                     h += op.duration_s
                     st.done[step][op.idx] = h
                     continue
-                if op.kind == COLL:
+                if op.kind is COLLECTIVE:
                     check = self._check[op.pg]
                     if check:
                         comp = self.part.component_of[op.pg][st.index]
@@ -365,44 +291,30 @@ class Simulation:
 
     def _stream(self, st: ActorState, stream: int) -> Iterator[simpy.Event]:
         factors = [float(f) for f in self.part.actors[st.index].factors]
+        compute_factor = self.contention.compute_factor(st.index)  # host contention: 1.0
+        arrivals = self.contention.arrivals(st.index)  # ... None: members arrive as simulated
         free = 0.0  # the stream's own clock: when its last op ends
-        # beside out-of-step ranks (share w of the time): compute is slower, and every op's
-        # time varies from rank to rank; the variance a rank's arrival has gathered since the
-        # group last met becomes, at the next collective, a wait for its latest member
-        w = self.out_of_step[st.index]
-        c_slow, c_sd = 1.0 + self.compute_slowdown * w, self.compute_cv * w
-        m_sd = self.comm.out_of_step_cv
-        # per process-group kind: the variance gathered since that group last met (a
-        # collective of one group does not bring the members of another into step: FL groups
-        # drift apart over the K steps between FedAvg rounds)
-        var = dict.fromkeys(self.part.component_of, 0.0)
-        met = dict.fromkeys(self.drifting, 0.0)  # when each drifting group last met
-        q = self.group_drift ** 2
         for step in range(self.steps):
-            prog = self._program(step)
+            prog = self.program(step)
             for op in prog.stream_ops[stream]:
                 start = max(free, (yield from self._time_of(st, _ISSUED, step, op.idx)))
                 for d in op.deps:
                     start = max(start, (yield from self._time_of(st, _DONE, step, d)))
                 if op.after_prev_step and step > 0:
-                    last = self._program(step - 1).last
+                    last = self.program(step - 1).last
                     start = max(start, (yield from self._time_of(st, _DONE, step - 1, last)))
-                if op.kind == COMPUTE:
+                if op.kind is COMPUTE:
                     st.started[step][op.idx] = start
-                    d = op.duration_s * factors[step] * c_slow
-                    end = start + d
-                    if c_sd:
-                        for k in var:
-                            var[k] += (c_sd * d) ** 2
+                    duration = op.duration_s * factors[step] * compute_factor
+                    end = start + duration
+                    if arrivals is not None:
+                        arrivals.computed(duration)
                 else:
                     comp = self.part.component_of[op.pg][st.index]
                     st.started[step][op.idx] = start  # it waits inside for the others
-                    if op.pg in met:  # the groups' drift since they last met
-                        var[op.pg] += q * max(start - met[op.pg], 0.0)
-                    if var[op.pg] > 0:  # the group's expected latest arrival
-                        start += expected_max_normal(self.part.components[op.pg][comp].size) \
-                            * math.sqrt(var[op.pg])
-                        var[op.pg] = 0.0
+                    if arrivals is not None:  # the group's expected latest arrival
+                        start += arrivals.wait_s(
+                            op.pg, self.part.components[op.pg][comp].size, start)
                     rv, last = self._arrive(("gpu", op.pg, comp, step, op.idx), op.pg, comp,
                                             start)
                     if last:
@@ -411,15 +323,9 @@ class Simulation:
                         yield self._rv_event(rv)
                     end = rv.result
                     st.launched[step][op.idx] = rv.latest
-                    if m_sd > 0 and (op.pg, st.index) in self.core_mates:
-                        # where this rank's end falls among its members': apart from the
-                        # group just met, and further apart from the others
-                        e2 = (m_sd * self._mates_busy(self.core_mates[(op.pg, st.index)])
-                              * self.collective(op.pg, comp, op.coll, op.nbytes).solo_s) ** 2
-                        for k in var:
-                            var[k] = e2 if k == op.pg else var[k] + e2
-                    if op.pg in met:
-                        met[op.pg] = end
+                    if arrivals is not None:
+                        solo_s = self.collective(op.pg, comp, op.coll, op.nbytes).solo_s
+                        arrivals.collective_done(op.pg, end, solo_s)
                 free = end
                 self._set(st, _DONE, step, op.idx, end)
 
@@ -459,7 +365,7 @@ class Simulation:
         plan = self.collective(op.pg, comp, op.coll, op.nbytes)
         for k, b in plan.bytes_by_kind.items():
             self.bytes_by_kind[k] += b
-        extra = self.out_of_step_s(op.pg, comp, plan.solo_s)
+        extra = self.contention.extra_collective_s(op.pg, comp, plan.solo_s)
         if plan.private:
             self._resolve(rv, rv.latest + plan.solo_s + extra)
             return
