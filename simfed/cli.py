@@ -313,7 +313,7 @@ def validate(scenario: Path | None, published: Path | None, only_set: str | None
                       f"{sm['runs']} runs; worst {sm['worst']['name']} "
                       f"{100 * sm['worst']['error']:+.1f}%; FL+FSDP/FSDP within 15%: "
                       f"{sm['fl_fsdp_over_fsdp_within_15pct']}/{sm['fl_fsdp_over_fsdp_pairs']}"
-                      + (f"; measured inside [p10, p90]: {100 * inside:.0f}%"
+                      + (f"; measured inside the p10-p90 interval: {100 * inside:.0f}%"
                          if inside is not None else ""), highlight=False)
     for mech, got in res.get("mechanisms", {}).items():
         on, off = got["on"].get("check"), got["off"].get("check")

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..engine import simulate
 from ..spec.scenario import REBENCH_PARTS, Scenario, ValidationShape, load_scenario
-from ..spec.schema import SpecError
+from ..spec.schema import SpecError, to_plain
 from ..spec.trace import read_trace, wall_step_times
 from . import Samples, calibrate, read_inputs, write_profile
 from .extrapolation import (
@@ -42,7 +42,7 @@ from .extrapolation import (
     step_shares,
     widening,
 )
-from .fit import FitResult, fit_all
+from .fit import FitResult, fit_all, fit_units
 
 PHASES = ("forward", "backward", "optimizer", "aggregation")
 COMM = "collectives"
@@ -226,6 +226,31 @@ def _intervals(scenario: Path, scn: Scenario, sh: _Shape, fits: list[FitResult],
     return got
 
 
+def _host_drift(scenario: Path, scn: Scenario, shapes: list[_Shape]) -> float:
+    """How much the host's compute speed moves between benchmarks minutes apart: the pooled
+    standard deviation of ln(forward FLOP/s) over the shapes' re-benchmarks, within groups of
+    one layout, model and micro-batch (whose speeds differ for reasons of their own); 0 with
+    fewer than 2 re-benchmarks more than groups. A run is predicted at its re-bench's speed; it
+    runs at the speed of its own minutes, which the benchmarks say is this uncertain
+    (micro-benchmarks only)."""
+    groups: dict[str, list[float]] = {}
+    for sh in shapes:
+        fit = fit_units(sh.samples, scn)
+        r = next((p.value for p in fit.params if p.name == "forward_flops_per_s"), None)
+        if not r or r <= 0:
+            continue
+        v = load_scenario(scenario, sh.sets)
+        key = json.dumps([v.cluster.nodes, v.cluster.node.gpus, to_plain(v.model),
+                          v.training.micro_batch, v.training.seq_len], sort_keys=True)
+        groups.setdefault(key, []).append(math.log(r))
+    n = sum(len(g) for g in groups.values())
+    dof = n - len(groups)
+    if dof < 2:
+        return 0.0
+    ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups.values())
+    return math.sqrt(ss / dof)
+
+
 def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
              reuse: bool = True, skip_runs: bool = False, draws: int = DRAWS,
              mechanisms: bool = True) -> dict[str, Any]:
@@ -293,6 +318,7 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
     # with [p10, p90] from draws of the fitted parameters, widened where a shape extrapolates
     rows = []
     measured = {}
+    host_sd = _host_drift(scenario, scn, todo_shapes) if rebench else 0.0
     for n, sh in enumerate(todo_shapes):
         shape = sh.shape
         measured[shape.name] = {a: _median_of([_measured(out / "runs" / shape.name / f"rep{rep}"
@@ -311,12 +337,15 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
         for a in sh.algs:
             m, p = measured[shape.name][a], pred[a]
             step = p["step_time_s"]
-            extra = widening(flags, rms, step_shares(p))
+            shares = step_shares(p)
+            extra = widening(flags, rms, shares)
+            drift = host_sd * shares.get("compute", 0.0)
             ts = spread[a]
             lo, hi = (float(np.percentile(ts, 10)), float(np.percentile(ts, 90))) if ts \
                 else (step, step)
             lo, hi = min(lo, step), max(hi, step)
-            wide = [lo * max(0.0, 1 - Z80 * extra), hi * (1 + Z80 * extra)]
+            both = math.hypot(extra, drift)  # independent sources
+            wide = [lo * max(0.0, 1 - Z80 * both), hi * (1 + Z80 * both)]
             err = (step - m["step_time_s"]) / m["step_time_s"]
             rows.append({
                 "name": f"{shape.name}/{a}", "shape": shape.name, "split": sh.split,
@@ -333,6 +362,8 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                 "extrapolating": [{**f, "widening_sd": f["doublings"] * (
                     rms.get(QUANTITIES[f["quantity"]][1]) or 0.0)} for f in flags],
                 "widening_rel_sd": extra,
+                # the host's speed between benchmarks (its compute share), see _host_drift
+                "host_drift_rel_sd": drift,
                 "predicted_phases_s": {k: p["phases_s"][k] for k in PHASES},
                 "measured_phases_s": m["phases_s"],
                 "phase_errors_s": {k: p["phases_s"][k] - m["phases_s"][k] for k in PHASES},
@@ -370,6 +401,7 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                         for k, v in report["fits"].items()},
         "ranges": report["ranges"],
         "draws": draws,
+        "host_drift_sd": host_sd,
         "runs": rows,
         "speedups": speedups,
         "check_shapes": [{"name": s.name, "set": dict(s.set or {}),
