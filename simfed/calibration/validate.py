@@ -319,6 +319,7 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
     rows = []
     measured = {}
     host_sd = _host_drift(scenario, scn, todo_shapes) if rebench else 0.0
+    spreads: dict[str, dict[str, list[float]]] = {}
     for n, sh in enumerate(todo_shapes):
         shape = sh.shape
         measured[shape.name] = {a: _median_of([_measured(out / "runs" / shape.name / f"rep{rep}"
@@ -332,6 +333,7 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
         pscn, pred = _simulate(scenario, sh.sets, shape_profile, sh.algs)
         spread = _intervals(scenario, scn, sh, fits, out, draws, scn.seed * 1000 + n) \
             if draws else {a: [] for a in sh.algs}
+        spreads[shape.name] = spread
         flags = extrapolation(shape_report["ranges"], scenario_quantities(pscn, sh.algs))
         rms = {k: v["rms_rel_error"] for k, v in shape_report["fits"].items()}
         for a in sh.algs:
@@ -386,7 +388,14 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
                                                     strict=True)]
                 ms = statistics.median(per_launch)
                 ps = got[slow]["predicted_step_time_s"] / got[fast]["predicted_step_time_s"]
+                # the same draws for both algorithms: the ratio's [p10, p90]
+                dr = [x / y for x, y in zip(spreads[shape.name][slow], spreads[shape.name][fast],
+                                            strict=True)]
+                band = ([min(ps, float(np.percentile(dr, 10))),
+                         max(ps, float(np.percentile(dr, 90)))] if dr else [ps, ps])
                 speedups.append({"name": f"{shape.name}: {fast}/{slow}", "shape": shape.name,
+                                 "predicted_p10_p90": band,
+                                 "inside_interval": band[0] <= ms <= band[1],
                                  "split": split_of[shape.name],
                                  "pair": f"{fast}/{slow}", "measured": ms, "predicted": ps,
                                  "error": (ps - ms) / ms, "measured_launches": per_launch,
