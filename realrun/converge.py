@@ -48,6 +48,7 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from simfed.spec import AlgorithmSpec, Scenario, algorithm_info
+from simfed.spec.rounds import ends_round
 
 from .data import EVAL_STREAM, TRAIN_STREAM, Sampler, eval_sequences
 from .errors import RealrunError
@@ -249,7 +250,7 @@ class GroupedTrainer:
             self.opt.step()
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
-            if self.k and self.groups > 1 and ((step + 1) % self.k == 0 or step == steps - 1):
+            if self.k and self.groups > 1 and ends_round(step, steps=steps, every=self.k):
                 self.fedavg()
             values = losses.tolist()
             train.append(float(np.mean(values)))

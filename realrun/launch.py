@@ -32,6 +32,8 @@ from simfed.spec.overrides import parse_sets
 
 from .config import parse_window, resolve_data_path, select_algorithms
 from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_PEER_LOST, RealrunError
+from .torchrun import start as start_job
+from .torchrun import torchrun_argv
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 _WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$", re.MULTILINE)
@@ -83,12 +85,9 @@ def validate(req: RunRequest) -> tuple[int, bool]:
 
 
 def torchrun_command(req: RunRequest, nproc: int) -> list[str]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={nproc}", "--max-restarts=0",
-        "-m", "realrun.train", req.scenario, "--algorithm", req.algorithm, "--out", str(req.out),
-        "--device", req.device, "--timeout-s", str(req.timeout_s),
-    ]
+    """torchrun (realrun.torchrun, standalone on this host) with realrun.train's arguments."""
+    cmd = [req.scenario, "--algorithm", req.algorithm, "--out", str(req.out),
+           "--device", req.device, "--timeout-s", str(req.timeout_s)]
     for item in req.overrides:
         cmd += ["--set", item]
     if req.profile_steps:
@@ -98,7 +97,7 @@ def torchrun_command(req: RunRequest, nproc: int) -> list[str]:
     if req.kill_rank >= 0:
         cmd += ["--kill-rank", str(req.kill_rank), "--kill-at-step", str(req.kill_at_step),
                 "--kill-signal", req.kill_signal, "--kill-in", req.kill_in]
-    return cmd
+    return torchrun_argv("realrun.train", cmd, nproc_per_node=nproc)
 
 
 def run(req: RunRequest) -> int:
@@ -114,8 +113,8 @@ def run(req: RunRequest) -> int:
     log_path = req.out / "torchrun.log"
     reaped: set[int] = set()
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(torchrun_command(req, nproc), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env)
+        proc = start_job(torchrun_command(req, nproc), stdout=subprocess.PIPE, env=env,
+                         text=True)
         lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=_pump, args=(proc, lines), daemon=True).start()
         peer_lost_at: float | None = None

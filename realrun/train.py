@@ -44,6 +44,7 @@ from simfed.spec import (
     to_plain,
 )
 from simfed.spec.overrides import parse_sets
+from simfed.spec.rounds import ends_round
 
 from .collectives import CollectiveTap
 from .config import parse_window, select_algorithms
@@ -230,7 +231,7 @@ class Trainer:
         for step in range(t.steps):
             if self.window and step == self.window[0]:
                 prof = self._start_profiler()
-            aggregate = self.fedavg and ((step + 1) % k == 0 or step == t.steps - 1)
+            aggregate = self.fedavg and ends_round(step, steps=t.steps, every=k)
             with tracer.step_span(step):
                 if not stopped:
                     began = time.perf_counter()

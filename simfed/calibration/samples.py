@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import node_block_groups, ranks_per_core
+from ..spec.bench import BenchSummary, CommRow, ComputeRow, DriftRow, LoopRow
 from ..spec.schema import SpecError
 from ..spec.trace import read_trace
 from ..spec.yamlio import MAX_DATA_BYTES, read_text
@@ -173,7 +174,8 @@ def read_bench(path: Path) -> Samples:
         raise SpecError(f"calibrate: {p} is not valid JSON (line {exc.lineno})") from None
     if not isinstance(data, dict):
         raise SpecError(f"calibrate: {p} is not a bench summary (a JSON object)")
-    meta = data.get("meta", {})
+    bench = BenchSummary.parse(data, f"calibrate: {p}")  # simfed.spec.bench: the typed rows
+    meta = bench.meta
     nodes = int(meta.get("nodes", 1))
     per_node = int(meta.get("ranks_per_node", meta.get("world_size", 1)))
     world = nodes * per_node
@@ -190,118 +192,115 @@ def read_bench(path: Path) -> Samples:
     host_cores = int(meta.get("host_cores", 0))
     if cores and host_cores:
         out.meta["host_cores"] = host_cores
-    out.beside += _beside_rows(data.get("comm", []), src)
-    for row in data.get("comm", []):
-        if row.get("beside"):  # beside out-of-step work: not a sample of the wire/host model
+    out.beside += _beside_rows(bench.comm, src)
+    for row in bench.comm:
+        if row.beside:  # beside out-of-step work: not a sample of the wire/host model
             continue
-        op = row["op"]
+        op = row.op
         run_op = "all_reduce" if (op == "reduce_scatter"
                                   and out.meta["reduce_scatter_impl"] == "all_reduce") else op
-        insts = _bench_instances(row["group"], int(row["group_size"]),
-                                 int(row.get("concurrent_groups", 1)), nodes, per_node)
+        insts = _bench_instances(row.group, row.group_size, row.concurrent_groups, nodes,
+                                 per_node)
         out.comm.append(CommSample(
-            op=op, instances=insts, nbytes=int(row["nbytes"]), time_s=float(row["time_s"]),
+            op=op, instances=insts, nbytes=row.nbytes, time_s=row.time_s,
             world=world, gpus_per_node=per_node, source=src, impl_op=run_op,
             link_Gbps=float(meta.get("link_rate_Gbps") or 0.0),
             ranks_per_core=ranks_per_core([r for i in insts for r in i], per_node, cores,
                                           host_cores),
-            label=f"{row['op']} {row['group']} p={row['group_size']} x{len(insts)} "
-                  f"{int(row['nbytes'])} B"))
-    for row in data.get("units", []):
-        out.units.append(UnitSample(phase=row["phase"], flops=float(row["flops"]),
-                                    time_s=float(row["time_s"]), source=src,
-                                    label=f"{row.get('kind', 'unit')} {row['phase']}"))
-    out.compute_beside += _compute_beside_rows(data.get("compute", []), src)
-    out.loops += _loop_rows(data.get("compute", []), src)
-    out.drifts += _drift_rows(data.get("compute", []), src)
-    if not data.get("units"):  # fall back on the generic compute block
-        for row in data.get("compute", []):
-            if row["phase"] not in ("forward", "backward"):
+            label=f"{row.op} {row.group} p={row.group_size} x{len(insts)} {row.nbytes} B"))
+    for unit in bench.units:
+        out.units.append(UnitSample(phase=unit.phase, flops=float(unit.flops),
+                                    time_s=unit.time_s, source=src,
+                                    label=f"{unit.kind} {unit.phase}"))
+    out.compute_beside += _compute_beside_rows(bench.compute, src)
+    out.loops += _loop_rows(bench.compute, src)
+    out.drifts += _drift_rows(bench.compute, src)
+    if not bench.units:  # fall back on the generic compute block
+        for block in bench.compute:
+            if block.phase not in ("forward", "backward"):
                 continue
-            if int(row.get("concurrent", 1)) < per_node:
+            if block.concurrent < per_node:
                 continue  # keep the rows measured under training-like contention
-            out.units.append(UnitSample(phase=row["phase"], flops=float(row["flops"]),
-                                        time_s=float(row["time_s"]), source=src,
-                                        label=f"block {row['phase']}"))
-    for row in data.get("optimizer", []):
-        out.optimizer.append(OptimizerSample(params=float(row["params"]),
-                                             time_s=float(row["time_s"]), source=src))
-    for row in data.get("fedavg", []):
-        out.fedavg.append(FedavgSample(nbytes=float(row["nbytes"]), time_s=float(row["time_s"]),
-                                       source=src))
-    for row in data.get("checks", []):
-        if "detail_check_s" in row:
-            out.checks.append(CheckSample(group_size=int(row["group_size"]),
-                                          time_s=float(row["detail_check_s"]), source=src))
+            out.units.append(UnitSample(phase=block.phase, flops=float(block.flops),
+                                        time_s=block.time_s, source=src,
+                                        label=f"block {block.phase}"))
+    for opt in bench.optimizer:
+        out.optimizer.append(OptimizerSample(params=float(opt.params), time_s=opt.time_s,
+                                             source=src))
+    for fed in bench.fedavg:
+        out.fedavg.append(FedavgSample(nbytes=float(fed.nbytes), time_s=fed.time_s, source=src))
+    for check in bench.checks:
+        if check.detail_check_s is not None:
+            out.checks.append(CheckSample(group_size=check.group_size,
+                                          time_s=check.detail_check_s, source=src))
     return out
 
 
-def _beside_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+def _beside_rows(rows: list[CommRow], src: str) -> list[dict[str, Any]]:
     """Each one-group-beside-busy bench row with the same case run by all groups at once, in
     step (every core's ranks in the same collective), and by one group beside idle ranks."""
-    def case(r: dict[str, Any]) -> tuple:
-        return (r["op"], r["group"], r["group_size"], r["nbytes"])
+    def case(r: CommRow) -> tuple:
+        return (r.op, r.group, r.group_size, r.nbytes)
 
-    full: dict[tuple, dict[str, Any]] = {}
-    idle: dict[tuple, dict[str, Any]] = {}
+    full: dict[tuple, CommRow] = {}
+    idle: dict[tuple, CommRow] = {}
     for r in rows:
-        if r.get("beside"):
+        if r.beside:
             continue
         k = case(r)
-        if int(r.get("concurrent_groups", 1)) == 1:
+        if r.concurrent_groups == 1:
             idle[k] = r
-        if k not in full or r["concurrent_groups"] > full[k]["concurrent_groups"]:
+        if k not in full or r.concurrent_groups > full[k].concurrent_groups:
             full[k] = r
     out = []
     for r in rows:
         k = case(r)
-        if r.get("beside") != "busy" or k not in full or full[k]["concurrent_groups"] < 2:
+        if r.beside != "busy" or k not in full or full[k].concurrent_groups < 2:
             continue
-        out.append({"label": f"{r['op']} {r['group']} p={r['group_size']} {r['nbytes']} B",
-                    "time_s": float(r["time_s"]), "all_groups_s": float(full[k]["time_s"]),
-                    "idle_s": float(idle[k]["time_s"]) if k in idle else None,
-                    "cv": r.get("rank_cv"), "all_groups_cv": full[k].get("rank_cv"),
-                    "source": src})
+        out.append({"label": f"{r.op} {r.group} p={r.group_size} {r.nbytes} B",
+                    "time_s": r.time_s, "all_groups_s": full[k].time_s,
+                    "idle_s": idle[k].time_s if k in idle else None,
+                    "cv": r.rank_cv, "all_groups_cv": full[k].rank_cv, "source": src})
     return out
 
 
-def _compute_beside_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+def _compute_beside_rows(rows: list[ComputeRow | LoopRow | DriftRow], src: str
+                         ) -> list[dict[str, Any]]:
     """The bench's compute block beside a busy out-of-step half, with the same block run by
     every rank in step."""
-    block = [r for r in rows if r.get("phase") == "forward_backward"]
-    step = {r["flops"]: r for r in block if not r.get("beside")}
-    return [{"label": f"compute block {r['flops']:.3g} FLOP", "time_s": float(r["time_s"]),
-             "all_groups_s": float(step[r["flops"]]["time_s"]), "cv": r.get("rank_cv"),
-             "all_groups_cv": step[r["flops"]].get("rank_cv"), "source": src}
-            for r in block if r.get("beside") == "busy" and r["flops"] in step]
+    block = [r for r in rows if isinstance(r, ComputeRow) and r.phase == "forward_backward"]
+    step = {r.flops: r for r in block if not r.beside}
+    return [{"label": f"compute block {r.flops:.3g} FLOP", "time_s": r.time_s,
+             "all_groups_s": step[r.flops].time_s, "cv": r.rank_cv,
+             "all_groups_cv": step[r.flops].rank_cv, "source": src}
+            for r in block if r.beside == "busy" and r.flops in step]
 
 
-def _loop_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+def _loop_rows(rows: list[ComputeRow | LoopRow | DriftRow], src: str) -> list[dict[str, Any]]:
     """The bench's free-running loop (compute block, then an all-gather in the group) beside a
     busy out-of-step half, with the same loop beside idle ranks."""
-    loop = [r for r in rows if r.get("phase") == "loop" and r.get("arrival_sd_s") is not None]
-    idle = {(r["flops"], r["nbytes"]): r for r in loop if r["beside"] == "idle"}
-    return [{"label": f"loop {r['flops']:.3g} FLOP + all-gather {r['nbytes']} B",
-             "group_size": int(r["concurrent"]), "block_s": float(r["time_s"]),
-             "arrival_sd_s": float(r["arrival_sd_s"]),
-             "idle_arrival_sd_s": float(idle[k]["arrival_sd_s"]),
-             "idle_coll_s": float(idle[k]["coll_time_s"]), "source": src}
-            for r in loop if r["beside"] == "busy" and (k := (r["flops"], r["nbytes"])) in idle]
+    loop = [r for r in rows if isinstance(r, LoopRow) and r.arrival_sd_s is not None]
+    idle = {(r.flops, r.nbytes): r for r in loop if r.beside == "idle"}
+    return [{"label": f"loop {r.flops:.3g} FLOP + all-gather {r.nbytes} B",
+             "group_size": r.concurrent, "block_s": r.time_s, "arrival_sd_s": r.arrival_sd_s,
+             "idle_arrival_sd_s": idle[k].arrival_sd_s, "idle_coll_s": idle[k].coll_time_s,
+             "source": src}
+            for r in loop if r.beside == "busy" and (k := (r.flops, r.nbytes)) in idle]
 
 
 ABS_OF_SD = math.sqrt(2 / math.pi)  # E|x| / sd of a normal x
 
 
-def _drift_rows(rows: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+def _drift_rows(rows: list[ComputeRow | LoopRow | DriftRow], src: str) -> list[dict[str, Any]]:
     """The bench's two groups running the loop free from a common start: the round's time and
     how far apart the groups finished it (mean size and rms of the difference; a summary that
     has only the rms, from the drift case's first version, gives the mean of a normal one)."""
-    return [{"label": f"drift x{r['loop_iters']} loops of {r['flops']:.3g} FLOP + all-gather "
-                      f"{r['nbytes']} B", "time_s": float(r["time_s"]),
-             "rms_s": float(r["drift_rms_s"]),
-             "mean_abs_s": float(r.get("drift_mean_abs_s", r["drift_rms_s"] * ABS_OF_SD)),
-             "samples": int(r["samples"]), "source": src}
-            for r in rows if r.get("phase") == "drift" and int(r.get("samples", 0)) >= 2]
+    return [{"label": f"drift x{r.loop_iters} loops of {r.flops:.3g} FLOP + all-gather "
+                      f"{r.nbytes} B", "time_s": r.time_s, "rms_s": r.drift_rms_s,
+             "mean_abs_s": (r.drift_mean_abs_s if r.drift_mean_abs_s is not None
+                            else r.drift_rms_s * ABS_OF_SD),
+             "samples": r.samples, "source": src}
+            for r in rows if isinstance(r, DriftRow) and r.samples >= 2]
 
 
 @_malformed_is_bad_input

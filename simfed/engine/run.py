@@ -18,6 +18,7 @@ from ..memory import memory_breakdown
 from ..network.links import LINK_KINDS
 from ..spec.algorithms import algorithm_info
 from ..spec.plan import PG_KINDS
+from ..spec.rounds import aggregation_steps
 from ..spec.scenario import AlgorithmSpec, JitterSpec, Scenario
 from ..spec.schema import SpecError
 from ..spec.stats import expected_max_normal
@@ -43,9 +44,7 @@ class AlgorithmRun:
 def aggregate_steps(steps: int, every: int) -> set[int]:
     """Steps (0-based) after which FedAvg runs: every K local steps and after the last step
     (the paper's code: `(step + 1) % K == 0 or step + 1 == total`)."""
-    if every < 1:
-        return set()
-    return {s for s in range(steps) if (s + 1) % every == 0 or s == steps - 1}
+    return aggregation_steps(steps, every)  # simfed.spec.rounds: realrun's schedule too
 
 
 def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False,

@@ -4,7 +4,7 @@ that names the key path and the value, as everywhere else in simfed."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -15,12 +15,13 @@ class FrozenModel(BaseModel):
     """Frozen, extra="forbid"; constructing one with a bad field raises SpecError (one line)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    error: ClassVar[type[Exception]] = SpecError  # what a mistake raises (one line)
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise SpecError(one_line(exc, type(self))) from None
+            raise self.error(one_line(exc, type(self))) from None
 
     # Nested models are validated by pydantic-core directly, not through this __init__, so an
     # error deep inside keeps its whole key path (pydantic's own BaseModel and RootModel mark
@@ -34,7 +35,7 @@ class FrozenModel(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             msg = one_line(exc, cls)
-            raise SpecError(f"{where}: {msg}" if where else msg) from None
+            raise cls.error(f"{where}: {msg}" if where else msg) from None
 
 
 def _child(model: type[BaseModel] | None, part: Any) -> type[BaseModel] | None:

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from realrun import testbed as tbmod
 from realrun.testbed import Testbed, TestbedError, TestbedSpec, cleanup, list_namespaces
+from realrun.testbed import state as tbstate
 from simfed.spec import load_scenario, read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def ours(prefix: str) -> list[str]:
 
 @pytest.fixture
 def prefix(tmp_path, monkeypatch):
-    monkeypatch.setattr(tbmod, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(tbstate, "STATE_DIR", tmp_path / "state")
     p = fresh_prefix()
     yield p
     if UNAVAILABLE is None:
@@ -72,10 +73,19 @@ def test_cpu_sets_hand_out_cores_in_turn():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"nodes": 0, "rate_Gbps": 1}, "nodes: must be 1..64, got 0"),
-    ({"nodes": 2, "rate_Gbps": 0}, "rate_Gbps: must be in (0, 40] (a veth on this host), got 0"),
-    ({"nodes": 2, "rate_Gbps": 1, "prefix": "Bad-Name"}, "prefix 'Bad-Name'"),
-    ({"nodes": 2, "rate_Gbps": 1, "ranks_per_node": 0}, "ranks_per_node: must be >= 1, got 0"),
+    ({"nodes": 0, "rate_Gbps": 1}, "nodes: input should be greater than or equal to 1, got 0"),
+    ({"nodes": 65, "rate_Gbps": 1}, "nodes: input should be less than or equal to 64, got 65"),
+    ({"nodes": 2.5, "rate_Gbps": 1}, "nodes: input should be a valid integer, got 2.5"),
+    ({"nodes": 2, "rate_Gbps": 0}, "rate_Gbps: input should be greater than 0, got 0"),
+    ({"nodes": 2, "rate_Gbps": 41}, "rate_Gbps: input should be less than or equal to 40, got 41"),
+    ({"nodes": 2, "rate_Gbps": float("nan")}, "rate_Gbps: input should be a finite number"),
+    ({"nodes": 2, "rate_Gbps": 1, "prefix": "Bad-Name"},
+     "prefix: 'Bad-Name': use 1-8 lowercase letters or digits"),
+    ({"nodes": 2, "rate_Gbps": 1, "ranks_per_node": 0},
+     "ranks_per_node: input should be greater than or equal to 1, got 0"),
+    ({"nodes": 2, "rate_Gbps": 1, "subnet": 256},
+     "subnet: input should be less than or equal to 255, got 256"),
+    ({"nodes": 2, "rate_Gbps": 1, "cores": 2}, "cores: unknown key; valid keys: cpu_cores,"),
 ])
 def test_bad_spec_is_one_line_error(kwargs, message):
     with pytest.raises(TestbedError) as err:
@@ -232,7 +242,7 @@ def test_removed_after_a_signal(prefix, tmp_path, sig):
     proc.wait(timeout=90)  # tear-down of namespaces can be slow on a loaded host
     if sig == signal.SIGKILL:  # nothing runs on SIGKILL: `down` finds the leftovers by prefix
         assert len(ours(prefix)) == 3
-        tbmod.STATE_DIR = tmp_path / "state"
+        tbstate.STATE_DIR = tmp_path / "state"
         assert f"{prefix}-sw" in cleanup(prefix)
     elif sig == signal.SIGTERM:
         assert proc.returncode == 128 + signal.SIGTERM  # SystemExit from the handler
@@ -303,3 +313,32 @@ def test_testbed_scenarios_describe_buildable_testbeds(path):
     assert 0.1 <= spec.rate_Gbps <= 1.0  # slow enough that the link, not the CPU, limits
     assert spec.cpu_cores >= 1  # the scenario says how many cores a node's ranks share
     assert len(scn.algorithms) == 4
+
+
+def test_one_torchrun_launcher_for_run_bench_and_the_testbed():
+    """realrun run, realrun bench on this host and every testbed node build their command with
+    realrun.torchrun.torchrun_argv: standalone on one host, node i of N at node 0's address."""
+    from realrun.launch import RunRequest, torchrun_command
+    from realrun.torchrun import torchrun_argv
+
+    one = torchrun_argv("realrun.bench_worker", ["--iters", "2"], nproc_per_node=4)
+    assert one[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in one and "--master-addr" not in one
+    assert one[one.index("--nproc-per-node") + 1] == "4"
+    assert one[-4:] == ["-m", "realrun.bench_worker", "--iters", "2"]
+    node1 = torchrun_argv("m", nproc_per_node=2, nnodes=2, node_rank=1, master_addr="10.213.0.1",
+                          master_port=23456)
+    assert "--standalone" not in node1
+    assert [node1[node1.index(k) + 1] for k in ("--nnodes", "--node-rank", "--master-addr",
+                                                 "--master-port")] == ["2", "1", "10.213.0.1",
+                                                                       "23456"]
+    with pytest.raises(ValueError, match="2 nodes need a master address"):
+        torchrun_argv("m", nproc_per_node=1, nnodes=2)
+    req = RunRequest(scenario="s.yaml", algorithm="fsdp", out=Path("o"))
+    run_cmd = torchrun_command(req, 4)
+    assert run_cmd[:run_cmd.index("-m", 3)] == one[:one.index("-m", 3)]
+    assert run_cmd[run_cmd.index("-m", 3):][:3] == ["-m", "realrun.train", "s.yaml"]
+    spec = TestbedSpec(nodes=2, rate_Gbps=1, prefix="tx")
+    tb = Testbed(spec)
+    argv = tb.exec_argv(1, node1)
+    assert argv[:4] == ["ip", "netns", "exec", "tx-n1"] and argv[-len(node1):] == node1
