@@ -28,6 +28,7 @@ repetition (-1: an optimizer's first step):
 - cat "host", name all_reduce_tiny (attrs debug off | detail), monitored_barrier, all_gather_tiny,
   attrs group_size, nodes, ranks: the per-collective checks DETAIL adds are a monitored barrier
   and an all-gather of the op's fingerprint on a helper gloo group.
+The out-of-step cases are in realrun.bench_contention, the DETAIL checks in realrun.bench_checks.
 Before each timed repetition every rank meets at a world barrier, so concurrent groups start
 together; a rank's span is its own wall time for the call (gloo runs collectives on the CPU and
 returns when done: nothing overlaps).
@@ -63,9 +64,6 @@ from .bench import GROUP_KINDS, OPS, PARTS
 from .errors import RealrunError
 from .unitbench import UnitBench, shard_sizes
 
-LOOP_ROUNDS_PER_ITER = 4  # rounds of the free-running loop case per --iters
-DRIFT_LOOP_ITERS = 48  # loop iterations per round of the group-drift case (~0.8 s on a core)
-DRIFT_ROUNDS_PER_ITER = 2  # rounds of the group-drift case per --iters
 Busy = Callable[[Any], None]  # what idle ranks do during a repetition, given its end barrier
 
 DEFAULT_SIZES = (4096, 65536, 524288, 2097152)
@@ -76,9 +74,8 @@ GLOO_IMPL = {
     "reduce_scatter": "gloo_allreduce",  # all-reduce of the whole input, then keep one chunk
     "all_reduce": "gloo_allreduce",
 }
-FINGERPRINT_NUMEL = 16  # int64 words: op type, dtype, device and sizes of the op's tensors
 # torch 2.13 renamed the tensor-in/tensor-out collectives; same gloo calls underneath
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
@@ -306,9 +303,9 @@ class Bench:
                   active: bool, op: str, nbytes: int, beside: str = "", *, case_id: int = 0,
                   rnd: int = 0, rounds: int = 1) -> None:
         k = len(ranks)
-        full, part = _gather_buffers(nbytes, k, fill=1.0)
+        full, part = gather_buffers(nbytes, k, fill=1.0)
         call: Callable[[], Any] = {
-            "all_gather": lambda: _all_gather(full, part, group=pg),
+            "all_gather": lambda: all_gather(full, part, group=pg),
             "reduce_scatter": lambda: _reduce_scatter(part, full, group=pg),
             "all_reduce": lambda: dist.all_reduce(full, group=pg),
         }[op]
@@ -377,97 +374,6 @@ class Bench:
                 "threads": torch.get_num_threads(), **extra}
 
     # ---- compute --------------------------------------------------------------------------
-    def compute_beside_busy(self, nbytes: int) -> None:
-        """The compute block on the first half of the ranks, (1) with every rank computing it
-        at once, in step, and (2) with the other half running the training-like loop (its own
-        all-gather of `nbytes`) out of step with it: how much slower, and how unevenly across
-        ranks, compute runs beside ranks that are out of step (federation groups on shared
-        cores). Only where the halves share host cores."""
-        half = list(range(self.world // 2))
-        rest = list(range(self.world // 2, self.world))
-        pg = dist.new_group(rest)  # every rank creates it
-        if not half or not self.shares_cores(half):
-            return
-        block = self.compute_block()
-        full, part = _gather_buffers(nbytes, len(rest))
-        loop = self.training_loop(lambda: _all_gather(full, part, group=pg), pg)
-        for beside, active, busy in (("", True, None), ("busy", self.rank in half, loop)):
-            attrs = (self.block_case(len(half), beside=beside) if beside
-                     else self.block_case(self.world))
-
-            def once(rep: int, attrs: dict[str, Any] = attrs) -> None:
-                start = self.now_s()
-                t = time.perf_counter()
-                block()
-                if rep >= 0:
-                    self.span("forward_backward", "compute", start, time.perf_counter() - t,
-                              rep=rep, attrs=attrs)
-
-            self.repeat(active, once, busy=busy)
-        self.loop_spread(half, part.numel(), loop)
-
-    def loop_spread(self, half: list[int], shard_numel: int, loop: Busy) -> None:
-        """The first half runs the training-like loop itself (the compute block, then an
-        all-gather in its own group, free-running as a federation group between FedAvg rounds)
-        beside idle ranks and beside the other half's loop, out of step: each rank records when
-        it reached each all-gather, so the summary can tell how far apart a group's members
-        arrive (the wait the earliest ones spend in the collective), with and without
-        out-of-step ranks on their cores."""
-        pg = dist.new_group(half)  # every rank creates it
-        block = self.compute_block()
-        mine = self.rank in half
-        full, part = torch.zeros(shard_numel * len(half)), torch.zeros(shard_numel)
-        rounds = self.args.iters * LOOP_ROUNDS_PER_ITER
-        for beside, busy in (("idle", None), ("busy", loop)):
-            attrs = self.block_case(len(half), beside=beside, nbytes=full.numel() * 4)
-
-            def run(_rep: int, attrs: dict[str, Any] = attrs) -> None:
-                for i in range(-self.args.warmup, rounds):
-                    t = time.perf_counter()
-                    block()
-                    arrive = self.now_s()
-                    t_block = time.perf_counter() - t
-                    t = time.perf_counter()
-                    _all_gather(full, part, group=pg)
-                    if i >= 0:
-                        self.span("loop", "compute", arrive, t_block, rep=i,
-                                  attrs={**attrs, "coll_s": time.perf_counter() - t})
-
-            self._reps(range(1), mine, run, busy)
-
-    def group_drift(self, nbytes: int) -> None:
-        """Two federation groups on cores of their own (the first and the second half of the
-        nodes) each run the training-like loop (the compute block, then an all-gather of
-        `nbytes` in the group) DRIFT_LOOP_ITERS times, free, from a common barrier, as FL
-        groups between FedAvg rounds: each rank records its round, so the summary can tell how
-        far apart independent groups finish the same work (the wait at the next FedAvg). Only
-        with 2+ nodes whose halves share no core (where they do, the groups are out of step on
-        shared cores: `loop_spread`)."""
-        if self.nodes < 2:
-            return
-        cut = self.nodes // 2 * self.ranks_per_node
-        halves = [list(range(cut)), list(range(cut, self.world))]
-        pgs = [dist.new_group(h) for h in halves]  # every rank creates both
-        if self.shares_cores(halves[0]):
-            return
-        mine = 0 if self.rank < cut else 1
-        pg, k = pgs[mine], len(halves[mine])
-        full, part = _gather_buffers(nbytes, k)
-        block = self.compute_block()
-        attrs = self.block_case(self.world, nbytes=full.numel() * 4, group_size=k,
-                                drift_group=mine, loop_iters=DRIFT_LOOP_ITERS)
-        for rnd in range(-1, self.args.iters * DRIFT_ROUNDS_PER_ITER):  # round -1: warm-up
-            dist.barrier()
-            start = self.now_s()
-            t = time.perf_counter()
-            for _ in range(DRIFT_LOOP_ITERS):
-                block()
-                if k > 1:
-                    _all_gather(full, part, group=pg)
-            if rnd >= 0:
-                self.span("drift", "compute", start, time.perf_counter() - t, rep=rnd,
-                          attrs=attrs)
-
     def compute(self, flops_list: Sequence[float]) -> None:
         h, f = self.args.hidden, self.args.ffn_hidden
         torch.manual_seed(self.rank)
@@ -503,53 +409,9 @@ class Bench:
 
                 self.repeat(self.rank < concurrent, once)
 
-    # ---- TORCH_DISTRIBUTED_DEBUG=DETAIL checks --------------------------------------------
-    def checks(self, iters: int) -> None:
-        sizes = list(range(2, self.world + 1)) if self.world <= 8 else sorted(
-            {2 ** i for i in range(1, self.world.bit_length()) if 2 ** i <= self.world}
-            | {self.world})
-        for k in sizes:
-            self.check_group(list(range(k)), iters)
-
-    def check_group(self, ranks: list[int], iters: int) -> None:
-        off_pg = dist.new_group(ranks)
-        level = dist.get_debug_level()
-        dist.set_debug_level(dist.DebugLevel.DETAIL)
-        try:  # a group made under DETAIL is wrapped in a ProcessGroupWrapper: the checks
-            detail_pg = dist.new_group(ranks)
-        finally:
-            dist.set_debug_level(level)
-        one = torch.ones(1)
-        fingerprint = torch.zeros(FINGERPRINT_NUMEL, dtype=torch.int64)
-        gathered = torch.zeros(FINGERPRINT_NUMEL * len(ranks), dtype=torch.int64)
-        self.case += 1
-        attrs = {"group_size": len(ranks), "nodes": self.nodes_of(ranks), "ranks": ranks,
-                 "case": self.case}
-        calls: list[tuple[str, dict[str, Any], Callable[[], Any]]] = [
-            ("all_reduce_tiny", {"debug": "off"}, lambda: dist.all_reduce(one, group=off_pg)),
-            ("all_reduce_tiny", {"debug": "detail"},
-             lambda: dist.all_reduce(one, group=detail_pg)),
-            ("monitored_barrier", {},
-             lambda: dist.monitored_barrier(group=off_pg, wait_all_ranks=True)),
-            ("all_gather_tiny", {"numel": FINGERPRINT_NUMEL, "dtype": "int64"},
-             lambda: _all_gather(gathered, fingerprint, group=off_pg)),
-        ]
-        member = self.rank in ranks
-        for name, extra, call in calls:
-            for i in range(1 + iters):
-                dist.barrier()
-                if not member:
-                    continue
-                start = self.now_s()
-                t = time.perf_counter()
-                call()
-                dur = time.perf_counter() - t
-                if i >= 1:
-                    self.span(name, "host", start, dur, rep=i - 1, group="check",
-                              attrs={**attrs, **extra})
 
 
-def _gather_buffers(nbytes: int, k: int, fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_buffers(nbytes: int, k: int, fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """A group of k's all-gather buffers for about `nbytes` (float32, the full one divisible
     by k): (full, one rank's part)."""
     numel = max(k, (nbytes // 4) // k * k)
@@ -590,6 +452,10 @@ def run_units(bench: Bench, scenario: Scenario, skip: set[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # the cases in modules of their own, which build on Bench
+    from .bench_checks import checks
+    from .bench_contention import compute_beside_busy, group_drift
+
     args = parse_args(argv)
     skip = {x for x in args.skip.split(",") if x}
     if skip - set(PARTS):
@@ -613,12 +479,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.compute(_floats(args.flops))
             if args.beside_busy and bench.world > 1:
                 nbytes = sorted(sizes)[len(sizes) // 2] if sizes else 1 << 20
-                bench.compute_beside_busy(nbytes)
-                bench.group_drift(nbytes)
+                compute_beside_busy(bench, nbytes)
+                group_drift(bench, nbytes)
         if scenario is not None and not {"units", "optimizer"} <= skip:
             run_units(bench, scenario, skip)
         if "checks" not in skip and args.check_iters > 0 and bench.world > 1:
-            bench.checks(args.check_iters)
+            checks(bench, args.check_iters)
         dist.barrier()
         bench.writer.close()
         if bench.rank == 0:

@@ -10,7 +10,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from realrun import bench
+from realrun import bench, bench_summary
 from realrun.bench import BenchError, bench_command, parse_nbytes, summarize
 from simfed.spec import Span, load_scenario, read_trace, write_trace
 
@@ -28,9 +28,9 @@ def test_parse_sizes():
 
 
 def test_bus_factor_is_the_nccl_tests_convention():
-    assert bench.bus_factor("all_gather", 4) == pytest.approx(3 / 4)
-    assert bench.bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
-    assert bench.bus_factor("all_reduce", 4) == pytest.approx(2 * 3 / 4)
+    assert bench_summary.bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert bench_summary.bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
+    assert bench_summary.bus_factor("all_reduce", 4) == pytest.approx(2 * 3 / 4)
 
 
 def _comm(rank: int, rep: int, dur_s: float, group_index: int = 0) -> Span:
@@ -363,3 +363,32 @@ def test_busy_ranks_work_until_the_active_ones_are_done(tmp_path):
     assert r0["ran"] == [-1, 0, 1, 2] and r0["busy"] == 0
     assert r1["ran"] == [] and r1["busy"] >= 4 * 5  # busy through four 50 ms repetitions
     assert r0["sum"] == r1["sum"] == 3.0
+
+
+def test_summary_rows_are_the_typed_rows_calibration_reads(tmp_path):
+    """The summary's rows are simfed.spec.bench's: written by summarize, read back by
+    calibration's read_bench unchanged (the JSON round-trips byte for byte), and a summary with
+    a row that is not one is a one-line error naming the row and the field."""
+    from simfed.calibration.samples import read_bench
+    from simfed.spec import SpecError
+    from simfed.spec.bench import BenchSummary, CommRow, ComputeRow
+
+    test_summary_takes_the_slowest_rank_then_the_median(tmp_path)
+    s = summarize(tmp_path)
+    typed = BenchSummary.parse(s, "summary")
+    assert isinstance(typed.comm[0], CommRow) and isinstance(typed.compute[0], ComputeRow)
+    assert json.dumps(typed.to_json(), indent=1) == json.dumps(s, indent=1)
+    assert "beside" not in s["comm"][0]  # an optional field left unset stays absent
+    (tmp_path / "bench-summary.json").write_text(json.dumps(s))
+    samples = read_bench(tmp_path)
+    assert [(c.op, c.nbytes, c.time_s) for c in samples.comm] == [
+        ("all_reduce", 1_000_000, pytest.approx(3e-3))]
+    assert [c.time_s for c in samples.checks] == [pytest.approx(3e-3)]
+    bad = {**s, "comm": [{**s["comm"][0], "time_s": "slow"}]}
+    (tmp_path / "bench-summary.json").write_text(json.dumps(bad))
+    with pytest.raises(SpecError, match=r"comm\[0\]\.time_s: input should be a valid number"):
+        read_bench(tmp_path)
+    typo = {**s, "comm": [{**s["comm"][0], "time_ms": 3}]}
+    (tmp_path / "bench-summary.json").write_text(json.dumps(typo))
+    with pytest.raises(SpecError, match=r"comm\[0\]\.time_ms: unknown key; valid keys: "):
+        read_bench(tmp_path)
