@@ -31,7 +31,7 @@ def cases(quick: bool = False) -> Iterator[Case]:
     yield Case("all 4 algorithms, 512 GPUs x 64 steps", {})
     if quick:
         return
-    for nodes in (16, 128, 1024, 4096):  # 4,096 x 4 = 16,384: spec.limits.MAX_WORLD
+    for nodes in (16, 128, 1024, 4096, 32768, 131072):  # 131,072 x 4 = spec.limits.MAX_WORLD
         yield Case(f"all 4, {nodes * 4:,} GPUs", {"cluster.nodes": nodes})
     # a long run costs its window (simfed.engine.window), not its steps
     yield Case("all 4, 512 GPUs x 10^9 steps (window)", {"training.steps": 10**9})

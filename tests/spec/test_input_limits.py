@@ -154,7 +154,7 @@ def test_ranks_per_core_closed_form_matches_the_per_rank_count():
     ("algorithms", [{"name": "fsdp", "label": "X"}, {"name": "hsdp", "label": "x"}],
      "algorithms[1].label: 'x' names algorithms[0] too"),
     ("model.layers", 10_000, "model.layers: must be <= 256"),
-    ("cluster.nodes", 600_000, "cluster.nodes: must be <= 16384"),
+    ("cluster.nodes", 600_000, "cluster.nodes: must be <= 524288"),
     ("stragglers.jitter.sigma", 30, "stragglers.jitter.sigma: must be <= 1"),
     ("cluster.node.nvlink.latency_us", 1e12, "at most 10 s"),
     ("runtime.comm.op_bw_factor", {"all_gather": 1e-9}, "a factor is between 0.001 and 1000"),
@@ -170,9 +170,9 @@ def test_scenario_level_faults_are_caught_at_load_time(tmp_path, dotted, value, 
 def test_world_limit_names_the_numbers(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump(_cpu4()))
-    msg = _err(load_scenario, p, {"cluster.nodes": 2**13, "cluster.node.gpus": 4,
+    msg = _err(load_scenario, p, {"cluster.nodes": 2**18, "cluster.node.gpus": 4,
                                   "cluster.host_cores": 0})
-    assert "8,192 nodes x 4 GPUs = 32,768 GPUs; the limit is 16,384" in msg
+    assert "262,144 nodes x 4 GPUs = 1,048,576 GPUs; the limit is 524,288" in msg
     msg = _err(load_scenario, p, {"cluster.nodes": 512, "cluster.host_cores": 8})
     assert "1,024 ranks is over the limit of 512" in msg
 
