@@ -221,10 +221,10 @@ def busy_share(sim: Simulation, actor: int) -> float:
     st = sim.states[actor]
     spans = []
     for step in range(sim.steps):
-        for op in sim.program(step).ops:
-            if op.kind is OpKind.COLLECTIVE:
-                spans.append((st.launched[step][op.idx], st.done[step][op.idx]))
-            elif op.kind is not OpKind.SYNC:
-                spans.append((st.started[step][op.idx], st.done[step][op.idx]))
+        prog = sim.program(step)
+        started, launched, done = st.started[step], st.launched[step], st.done[step]
+        for kind in (OpKind.COMPUTE, OpKind.HOST_WORK):
+            spans.extend((started[i], done[i]) for i in prog.indices(kind))
+        spans.extend((launched[i], done[i]) for i in prog.indices(OpKind.COLLECTIVE))
     end = max(max(row) for row in st.done) if st.done else 0.0
     return sum(e - s for s, e in union(spans)) / end if end > 0 else 0.0

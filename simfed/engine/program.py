@@ -72,12 +72,19 @@ class Program:
     ops: list[Op]
     stream_ops: list[list[Op]] = field(default_factory=list)
     last: int = -1  # index of the op that ends the step on the GPU
+    _indices: dict[OpKind, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.stream_ops = [[o for o in self.ops if o.stream == s] for s in range(len(STREAMS))]
+        self._indices = {kind: tuple(o.idx for o in self.ops if o.kind is kind)
+                         for kind in OpKind}
         self.last = max(
             (o.idx for o in self.ops if o.kind in (OpKind.COMPUTE, OpKind.COLLECTIVE)), default=-1
         )
+
+    def indices(self, kind: OpKind) -> tuple[int, ...]:
+        """The indices of the ops of this kind, in program order."""
+        return self._indices[kind]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ from ..spec.trace import PHASES, Span
 from ..spec.units import dtype_nbytes, us_to_s
 from .actors import partition
 from .program import StepTimes, build_program
-from .sim import Simulation
+from .sim import Simulation, forget_ring_loads
 from .timeline import actor_spans, busy_and_exposed, peak_unsharded_bytes, step_bounds
 from .variants import apply_rounds, outer_step_s, round_model, variant_of
 from .window import check_cost, check_result, needs_window, simulate_windowed
@@ -126,7 +126,7 @@ def _step_times_at(scn: Scenario, kw: dict[str, Any], factors: Any, agg: set[int
         actor.factors = factors
     sim = _simulate(scn, part=part, aggregate_steps=agg, steps=len(factors), **kw)
     bounds = [step_bounds(sim, a) for a in range(len(sim.states))]
-    return [max(b[s][-1] for b in bounds) - max(b[s][0] for b in bounds)
+    return [max(b[s].end for b in bounds) - max(b[s].start for b in bounds)
             for s in range(len(factors))]
 
 
@@ -166,21 +166,21 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
     train = scn.training
     steps = train.steps
     bounds = {a: step_bounds(sim, a) for a in range(len(sim.states))}
-    critical = max(bounds, key=lambda a: (bounds[a][-1][-1], -a))
+    critical = max(bounds, key=lambda a: (bounds[a][-1].end, -a))
     b = bounds[critical]
-    total_s = b[-1][-1]
-    step_times = [row[-1] - row[0] for row in b]
+    total_s = b[-1].end
+    step_times = [row.end - row.start for row in b]
     step_time = total_s / steps
     phase_tot = dict.fromkeys(PHASES, 0.0)
     for row in b:
-        phase_tot["other"] += row[1] - row[0]
-        phase_tot["forward"] += row[2] - row[1]
-        phase_tot["backward"] += row[3] - row[2]
-        phase_tot["optimizer"] += row[4] - row[3]
-        phase_tot["aggregation"] += row[5] - row[4]
+        phase_tot["other"] += row.other_end - row.start
+        phase_tot["forward"] += row.forward_end - row.other_end
+        phase_tot["backward"] += row.backward_end - row.forward_end
+        phase_tot["optimizer"] += row.optimizer_end - row.backward_end
+        phase_tot["aggregation"] += row.end - row.optimizer_end
     phases = {p: phase_tot[p] / steps for p in ("forward", "backward", "optimizer",
                                                 "aggregation", "other")}
-    agg_events = [b[s][5] - b[s][4] for s in sorted(agg_steps)]
+    agg_events = [b[s].end - b[s].optimizer_end for s in sorted(agg_steps)]
     world = plan.world
     tokens_step = world * train.micro_batch * train.seq_len
     samples_step = world * train.micro_batch
@@ -249,6 +249,7 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     per-rank method simulates each (the costly case; starting worker processes costs more than
     it saves otherwise)."""
     check_cost(scn, algorithms)  # refuse what cannot be simulated in seconds
+    forget_ring_loads()  # the algorithms below share rings; earlier calls' are not reused
     if needs_window(scn):  # a long run from a window (simfed.engine.window)
         out, spans = simulate_windowed(simulate, scn, algorithms, trace=trace,
                                        trace_steps=trace_steps, jobs=jobs)

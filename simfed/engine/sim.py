@@ -53,6 +53,10 @@ class CollectivePlan:
     size: int
     private: bool = False  # no other communicator can load its links
     solo_s: float = 0.0  # duration alone on the network (latency + bandwidth terms)
+    link_bytes: tuple[tuple[str, float], ...] = ()  # bytes_by_kind's non-zero entries
+
+    def __post_init__(self) -> None:
+        self.link_bytes = tuple((k, b) for k, b in self.bytes_by_kind.items() if b)
 
 
 @dataclass
@@ -68,6 +72,14 @@ class ActorState:
 
 
 _ISSUED, _DONE = 0, 1
+_RING_LOADS: dict[tuple, RingLoad] = {}  # (links key, instances) -> load, oldest first
+_RING_LOADS_KEPT = 64
+
+
+def forget_ring_loads() -> None:
+    """Drop the ring loads kept from earlier simulations (`simfed.engine.run.simulate` starts
+    with this, so one call's algorithms share rings and no call is timed on another's)."""
+    _RING_LOADS.clear()
 
 
 class _Rendezvous:
@@ -94,7 +106,8 @@ class Simulation:
         self.contention = contention  # what the host adds (simfed.contention); no-op default
         self.links = self._link_classes()
         self.net = FlowNetwork(self.env, [lc.capacity_Bps for lc in self.links])
-        self._loads: dict[tuple, RingLoad] = {}
+        # what the link classes and their indices depend on (ring loads are shared by it)
+        self._links_key = (hw, tuple(part.node_class), tuple(part.nic_factor_of_class))
         self._coll_cache: dict[tuple, CollectivePlan] = {}
         self._nccl: NcclModel | None = None
         self._rv: dict[tuple, _Rendezvous] = {}
@@ -103,6 +116,8 @@ class Simulation:
         self._private_links = self._find_private_links()
         # per process-group kind: host debug-check cost (instances of a kind have one size)
         self._check = {k: self.debug_check_s(c[0].size) for k, c in part.components.items()}
+        # per process-group kind and component: the actors that meet at its collectives
+        self._members = {k: [len(c.actors) for c in comps] for k, comps in part.components.items()}
 
     # ---- links --------------------------------------------------------------------------
     def _link_classes(self) -> list[LinkClass]:
@@ -171,12 +186,8 @@ class Simulation:
         phases = []
         kinds = dict.fromkeys(LINK_KINDS, 0.0)
         solo = 0.0
-        for i, ph in enumerate(impl(run_op, component.instances, self.hw.gpus_per_node)):
-            lkey = (kind, comp, run_op, i)  # phase i of `op` always spans the same instances
-            load = self._loads.get(lkey)
-            if load is None:
-                load = self._loads[lkey] = ring_load(self.hw, ph.instances, self._link_index,
-                                                     node_class=self.part.node_class)
+        for ph in impl(run_op, component.instances, self.hw.gpus_per_node):
+            load = self._ring_load(ph.instances)
             # bytes over the links, slowed by the implementation's achieved-bandwidth factor
             # (per op, inside a node or across nodes)
             intra = not any(b > 0 for k, b in load.bytes_per_E.items() if k != NVLINK)
@@ -199,6 +210,20 @@ class Simulation:
         self._coll_cache[key] = plan
         return plan
 
+    def _ring_load(self, instances: tuple[tuple[int, ...], ...]) -> RingLoad:
+        """Where a ring over these instances puts its bytes: a function of the instances, the
+        hardware and the node classes only, so kept for every simulation of this process (the
+        algorithms of one scenario share many rings, e.g. a node's ranks)."""
+        key = (self._links_key, instances)
+        load = _RING_LOADS.get(key)
+        if load is None:
+            load = ring_load(self.hw, instances, self._link_index,
+                             node_class=self.part.node_class)
+            _RING_LOADS[key] = load
+            while len(_RING_LOADS) > _RING_LOADS_KEPT:
+                del _RING_LOADS[next(iter(_RING_LOADS))]
+        return load
+
     def _nccl_model(self) -> NcclModel:
         if self._nccl is None:
             self._nccl = nccl_model(self.hw, self.comm)
@@ -215,77 +240,80 @@ class Simulation:
         return (size - 1) * hop + 2 * (size - 1) * rank0 + 2 * hop
 
     # ---- determined times ---------------------------------------------------------------
-    def _known(self, st: ActorState, table: int, step: int, idx: int) -> float:
-        arr = st.issued if table == _ISSUED else st.done
-        return arr[step][idx] if step < len(arr) else _INF
-
     def _wait(self, st: ActorState, table: int, step: int, idx: int) -> simpy.Event:
+        """An event that fires when the op's issue (_ISSUED) or end (_DONE) time is set."""
         key = (table, step, idx)
         ev = st.waiters.get(key)
         if ev is None:
             ev = st.waiters[key] = self.env.event()
         return ev
 
-    def _set(self, st: ActorState, table: int, step: int, idx: int, t: float) -> None:
-        (st.issued if table == _ISSUED else st.done)[step][idx] = t
-        ev = st.waiters.pop((table, step, idx), None)
-        if ev is not None:
-            ev.succeed()
-
-    def _time_of(self, st: ActorState, table: int, step: int, idx: int
-                 ) -> Iterator[simpy.Event]:
-        """The time an op was issued or done, waiting only if nobody has determined it yet
-        (use as `t = yield from self._time_of(...)`)."""
-        t = self._known(st, table, step, idx)
-        if t == _INF:
-            yield self._wait(st, table, step, idx)
-            t = (st.issued if table == _ISSUED else st.done)[step][idx]
-        return t
-
     def program(self, step: int) -> Program:
         """The program the actors run at this step (with FedAvg after it or not)."""
         return self.programs[step in self.aggregate_steps]
 
     # ---- processes ----------------------------------------------------------------------
+    # The loops below read a time straight from the tables when it is already determined (the
+    # common case) and wait (`_wait`) only when nobody has determined it yet; setting a time
+    # fires its waiters.
     def _host(self, st: ActorState) -> Iterator[simpy.Event]:
         h = 0.0  # the host thread's clock: it may run ahead of the simulation clock
+        issued_rows, done_rows, waiters = st.issued, st.done, st.waiters
         for step in range(self.steps):
             prog = self.program(step)
             n = len(prog.ops)
-            st.issued.append([_INF] * n)
-            st.started.append([_INF] * n)
+            issued, done, started = [_INF] * n, [_INF] * n, [_INF] * n
+            issued_rows.append(issued)
+            started_row = started
+            st.started.append(started)
             st.launched.append([_INF] * n)
-            st.done.append([_INF] * n)
+            done_rows.append(done)
             st.check_s.append([0.0] * n)
             for op in prog.ops:
+                idx = op.idx
                 h += op.host_s
                 if op.host_waits >= 0:  # FSDP1 rate limiter: an older buffer must be freed
-                    h = max(h, (yield from self._time_of(st, _DONE, step, op.host_waits)))
-                if op.kind is SYNC:
+                    t = done[op.host_waits]
+                    if t == _INF:
+                        yield self._wait(st, _DONE, step, op.host_waits)
+                        t = done[op.host_waits]
+                    if t > h:
+                        h = t
+                kind = op.kind
+                if kind is SYNC:
                     for w in op.waits:
-                        h = max(h, (yield from self._time_of(st, _DONE, step, w)))
-                    st.issued[step][op.idx] = st.started[step][op.idx] = h
-                    st.done[step][op.idx] = h
+                        t = done[w]
+                        if t == _INF:
+                            yield self._wait(st, _DONE, step, w)
+                            t = done[w]
+                        if t > h:
+                            h = t
+                    issued[idx] = started_row[idx] = h
+                    done[idx] = h
                     continue
-                if op.kind is HOST_WORK:
-                    st.issued[step][op.idx] = st.started[step][op.idx] = h
+                if kind is HOST_WORK:
+                    issued[idx] = started_row[idx] = h
                     h += op.duration_s
-                    st.done[step][op.idx] = h
+                    done[idx] = h
                     continue
-                if op.kind is COLLECTIVE:
+                if kind is COLLECTIVE:
                     check = self._check[op.pg]
                     if check:
                         comp = self.part.component_of[op.pg][st.index]
                         arrive = h
-                        rv, last = self._arrive(("host", op.pg, comp, step, op.idx), op.pg,
+                        rv, last = self._arrive(("host", op.pg, comp, step, idx), op.pg,
                                                 comp, h)
                         if last:  # everyone's host is here: fingerprint + monitored barrier
                             self._resolve(rv, rv.latest + check)
                         if rv.result == _INF:
                             yield self._rv_event(rv)
                         h = rv.result
-                        st.check_s[step][op.idx] = h - arrive
-                self._set(st, _ISSUED, step, op.idx, h)
+                        st.check_s[step][idx] = h - arrive
+                issued[idx] = h
+                if waiters:
+                    ev = waiters.pop((_ISSUED, step, idx), None)
+                    if ev is not None:
+                        ev.succeed()
             st.host_end.append(h)
         # the host's last clock reading is a time in the future of the GPU work it issued
 
@@ -293,49 +321,81 @@ class Simulation:
         factors = [float(f) for f in self.part.actors[st.index].factors]
         compute_factor = self.contention.compute_factor(st.index)  # host contention: 1.0
         arrivals = self.contention.arrivals(st.index)  # ... None: members arrive as simulated
+        component_of, members = self.part.component_of, self._members
+        bytes_by_kind, contended = self.bytes_by_kind, self.contention.active
+        issued_rows, done_rows, waiters = st.issued, st.done, st.waiters
         free = 0.0  # the stream's own clock: when its last op ends
         for step in range(self.steps):
             prog = self.program(step)
             for op in prog.stream_ops[stream]:
-                start = max(free, (yield from self._time_of(st, _ISSUED, step, op.idx)))
-                for d in op.deps:
-                    start = max(start, (yield from self._time_of(st, _DONE, step, d)))
-                if op.after_prev_step and step > 0:
-                    last = self.program(step - 1).last
-                    start = max(start, (yield from self._time_of(st, _DONE, step - 1, last)))
+                idx = op.idx
+                t = issued_rows[step][idx] if step < len(issued_rows) else _INF
+                if t == _INF:
+                    yield self._wait(st, _ISSUED, step, idx)
+                    t = issued_rows[step][idx]
+                start = t if t > free else free
+                if op.deps or op.after_prev_step:
+                    done = done_rows[step] if step < len(done_rows) else None
+                    for d in op.deps:
+                        t = done[d] if done is not None else _INF
+                        if t == _INF:
+                            yield self._wait(st, _DONE, step, d)
+                            done = done_rows[step]
+                            t = done[d]
+                        if t > start:
+                            start = t
+                    if op.after_prev_step and step > 0:
+                        last = self.program(step - 1).last
+                        t = done_rows[step - 1][last]
+                        if t == _INF:
+                            yield self._wait(st, _DONE, step - 1, last)
+                            t = done_rows[step - 1][last]
+                        if t > start:
+                            start = t
                 if op.kind is COMPUTE:
-                    st.started[step][op.idx] = start
+                    st.started[step][idx] = start
                     duration = op.duration_s * factors[step] * compute_factor
                     end = start + duration
                     if arrivals is not None:
                         arrivals.computed(duration)
                 else:
-                    comp = self.part.component_of[op.pg][st.index]
-                    st.started[step][op.idx] = start  # it waits inside for the others
+                    comp = component_of[op.pg][st.index]
+                    st.started[step][idx] = start  # it waits inside for the others
                     if arrivals is not None:  # the group's expected latest arrival
                         start += arrivals.wait_s(
                             op.pg, self.part.components[op.pg][comp].size, start)
-                    rv, last = self._arrive(("gpu", op.pg, comp, step, op.idx), op.pg, comp,
-                                            start)
-                    if last:
-                        self._launch(rv, op, comp)
-                    if rv.result == _INF:
-                        yield self._rv_event(rv)
-                    end = rv.result
-                    st.launched[step][op.idx] = rv.latest
+                    plan = self._coll_cache.get((op.pg, comp, op.coll, op.nbytes))
+                    if plan is not None and plan.private and members[op.pg][comp] == 1:
+                        # alone, on links of its own: its end is known now (as `_launch`)
+                        for k, b in plan.link_bytes:
+                            bytes_by_kind[k] += b
+                        extra = (self.contention.extra_collective_s(op.pg, comp, plan.solo_s)
+                                 if contended else 0.0)
+                        end = start + plan.solo_s + extra
+                        st.launched[step][idx] = start
+                    else:
+                        rv, last = self._arrive(("gpu", op.pg, comp, step, idx), op.pg, comp,
+                                                start)
+                        if last:
+                            self._launch(rv, op, comp)
+                        if rv.result == _INF:
+                            yield self._rv_event(rv)
+                        end = rv.result
+                        st.launched[step][idx] = rv.latest
                     if arrivals is not None:
                         solo_s = self.collective(op.pg, comp, op.coll, op.nbytes).solo_s
                         arrivals.collective_done(op.pg, end, solo_s)
                 free = end
-                self._set(st, _DONE, step, op.idx, end)
+                done_rows[step][idx] = end
+                if waiters:
+                    ev = waiters.pop((_DONE, step, idx), None)
+                    if ev is not None:
+                        ev.succeed()
 
     # ---- rendezvous and collectives -----------------------------------------------------
-    def _members(self, pg: str, comp: int) -> int:
-        return len(self.part.components[pg][comp].actors)
-
     def _arrive(self, key: tuple, pg: str, comp: int, t: float) -> tuple[_Rendezvous, bool]:
         """Join a rendezvous at time t; True when this arrival completes it."""
-        members = self._members(pg, comp)
+        members = self._members[pg][comp]
         if members == 1:
             rv = _Rendezvous()
             rv.arrived, rv.latest = 1, t
@@ -362,10 +422,14 @@ class Simulation:
 
     def _launch(self, rv: _Rendezvous, op: Op, comp: int) -> None:
         """Everyone has joined (at rv.latest): run the collective."""
-        plan = self.collective(op.pg, comp, op.coll, op.nbytes)
-        for k, b in plan.bytes_by_kind.items():
-            self.bytes_by_kind[k] += b
-        extra = self.contention.extra_collective_s(op.pg, comp, plan.solo_s)
+        plan = self._coll_cache.get((op.pg, comp, op.coll, op.nbytes))
+        if plan is None:
+            plan = self.collective(op.pg, comp, op.coll, op.nbytes)
+        bytes_by_kind = self.bytes_by_kind
+        for k, b in plan.link_bytes:
+            bytes_by_kind[k] += b
+        extra = (self.contention.extra_collective_s(op.pg, comp, plan.solo_s)
+                 if self.contention.active else 0.0)
         if plan.private:
             self._resolve(rv, rv.latest + plan.solo_s + extra)
             return

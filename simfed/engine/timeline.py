@@ -6,16 +6,34 @@ ended on its stream; everything users see is derived here after the run.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..spec.trace import PHASES, Span
 from .program import STREAMS, OpKind
 from .sim import Simulation
 
+COMPUTE, COLLECTIVE, HOST_WORK = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.HOST_WORK
+
 _F, _B, _O, _A = (PHASES.index(p) for p in ("forward", "backward", "optimizer", "aggregation"))
 
 
-def step_bounds(sim: Simulation, actor: int) -> list[list[float]]:
-    """Per step: [start, other end, forward end, backward end, optimizer end, aggregation end].
-    Phases are consecutive on the actor's timeline, so they sum to the step time."""
+class StepBounds(NamedTuple):
+    """When one step's phases end on an actor's timeline. Phases are consecutive (other,
+    forward, backward, optimizer, aggregation), so they sum to the step time."""
+
+    start: float
+    other_end: float
+    forward_end: float
+    backward_end: float
+    optimizer_end: float
+    end: float  # = the aggregation phase's end
+
+
+PHASE_ORDER = ("other", "forward", "backward", "optimizer", "aggregation")  # as on the timeline
+
+
+def step_bounds(sim: Simulation, actor: int) -> list[StepBounds]:
+    """Per step, when each phase ends on the actor's timeline."""
     st = sim.states[actor]
     out = []
     start = 0.0
@@ -26,7 +44,7 @@ def step_bounds(sim: Simulation, actor: int) -> list[list[float]]:
         other = start
         for op in prog.ops:
             t = done[op.idx]
-            if op.kind is OpKind.HOST_WORK:
+            if op.kind is HOST_WORK:
                 other = max(other, t)
             elif t > ends[op.phase]:
                 ends[op.phase] = t
@@ -34,7 +52,7 @@ def step_bounds(sim: Simulation, actor: int) -> list[list[float]]:
         b_bwd = max(b_fwd, ends[_B])
         b_opt = max(b_bwd, ends[_O])
         b_agg = max(b_opt, ends[_A], st.host_end[step])
-        out.append([start, other, b_fwd, b_bwd, b_opt, b_agg])
+        out.append(StepBounds(start, other, b_fwd, b_bwd, b_opt, b_agg))
         start = b_agg
     return out
 
@@ -83,11 +101,10 @@ def busy_and_exposed(sim: Simulation, actor: int) -> tuple[float, float]:
     compute: list[tuple[float, float]] = []
     comm: list[tuple[float, float]] = []
     for step in range(sim.steps):
-        for op in sim.program(step).ops:
-            if op.kind is OpKind.COMPUTE:
-                compute.append((st.started[step][op.idx], st.done[step][op.idx]))
-            elif op.kind is OpKind.COLLECTIVE:
-                comm.append((st.started[step][op.idx], st.done[step][op.idx]))
+        prog = sim.program(step)
+        started, done = st.started[step], st.done[step]
+        compute.extend([(started[i], done[i]) for i in prog.indices(COMPUTE)])
+        comm.extend([(started[i], done[i]) for i in prog.indices(COLLECTIVE)])
     cu = union(compute)
     return _length(cu), _minus(union(comm), cu)
 
@@ -119,15 +136,15 @@ def actor_spans(sim: Simulation, actor: int, steps: int) -> list[Span]:
     for step in range(min(steps, sim.steps)):
         for op in sim.program(step).ops:
             i = op.idx
-            if op.kind in (OpKind.COMPUTE, OpKind.COLLECTIVE):
+            if op.kind in (COMPUTE, COLLECTIVE):
                 spans.append(Span(
-                    name=op.name, cat="compute" if op.kind is OpKind.COMPUTE else "comm",
+                    name=op.name, cat="compute" if op.kind is COMPUTE else "comm",
                     rank=a.rank,
                     step=step, start_s=st.started[step][i],
                     dur_s=st.done[step][i] - st.started[step][i],
-                    nbytes=op.nbytes if op.kind is OpKind.COLLECTIVE else 0, group=op.pg,
+                    nbytes=op.nbytes if op.kind is COLLECTIVE else 0, group=op.pg,
                     stream=STREAMS[op.stream], attrs=dict(attrs)))
-            elif op.kind is OpKind.HOST_WORK and op.duration_s > 0:
+            elif op.kind is HOST_WORK and op.duration_s > 0:
                 spans.append(Span(name=op.name, cat="host", rank=a.rank, step=step,
                                   start_s=st.started[step][i], dur_s=op.duration_s,
                                   stream="host", attrs=dict(attrs)))
@@ -138,12 +155,11 @@ def actor_spans(sim: Simulation, actor: int, steps: int) -> list[Span]:
                                   dur_s=st.check_s[step][i], group=op.pg, stream="host",
                                   attrs=dict(attrs)))
         row = bounds[step]
-        names = ("other", "forward", "backward", "optimizer", "aggregation")
-        for k, name in enumerate(names):
+        for k, name in enumerate(PHASE_ORDER):
             if row[k + 1] > row[k]:
                 spans.append(Span(name=name, cat="phase", rank=a.rank, step=step,
                                   start_s=row[k], dur_s=row[k + 1] - row[k], stream="phase"))
         spans.append(Span(name=f"step {step}", cat="step", rank=a.rank, step=step,
-                          start_s=row[0], dur_s=row[-1] - row[0], stream="step"))
+                          start_s=row.start, dur_s=row.end - row.start, stream="step"))
     return spans
 
