@@ -162,11 +162,23 @@ def bench(scenario: str, quick: bool, repeat: int) -> None:
 
 
 @main.command()
-def schema() -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="The JSON Schema of a scenario file (types, bounds, choices, defaults, docs) "
+                   "for editors: `simfed schema --json > scenario.schema.json`.")
+@click.option("--resolved", is_flag=True,
+              help="With --json: of a scenario with its includes resolved (required keys "
+                   "required; a file as written may take them from an include).")
+def schema(as_json: bool, resolved: bool) -> None:
     """Print every scenario key with its type, default and meaning."""
     from .spec.scenario import Scenario
-    from .spec.schema import describe
+    from .spec.schema import describe, json_schema
 
+    if as_json:
+        import json
+
+        doc = json_schema(Scenario, "simfed scenario", resolved=resolved)
+        click.echo(json.dumps(doc, indent=2))
+        return
     click.echo(describe(Scenario))
 
 

@@ -1,4 +1,4 @@
-"""The shared contract between the simulator and realrun: standard library + PyYAML only.
+"""The shared contract between the simulator and realrun: standard library, PyYAML and pydantic.
 
 Model description, parallel plan, algorithm catalogue, scenario loader and trace schema.
 """

@@ -15,7 +15,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field, PositiveFloat
 
 from .algorithms import ALGORITHMS, algorithm_info
 from .limits import MAX_EMULATED_RANKS, MAX_WORLD
@@ -28,7 +30,12 @@ from .yamlio import MAX_NODES, expanded_size, read_yaml
 SCHEMA_VERSION = 1
 # where a per-collective factor applies: inside one node or across nodes, and the same for
 # rings of two ranks ("_pair": one exchange each way with a single peer)
-DOMAINS = ("intra", "inter", "intra_pair", "inter_pair")
+Domain = Literal["intra", "inter", "intra_pair", "inter_pair"]
+DOMAINS = get_args(Domain)
+CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce"]
+# a GEMM output tile: rows, cols, efficiency relative to the best tile
+GemmTile = tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)],
+                 Annotated[float, Field(gt=0, le=1)]]
 
 # ---------------------------------------------------------------------------------------------
 # cluster
@@ -287,8 +294,8 @@ class ComputeRuntime:
         "attention at attention_efficiency_*, memory-bound kernels at hbm_efficiency)")
     gemm_efficiency: float = param(
         0.8, gt=0, le=1, doc="kernels: a large, well-shaped bf16 GEMM's achieved / peak FLOP/s")
-    gemm_tiles: tuple[tuple[int, int, float], ...] = param(
-        ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85)),
+    gemm_tiles: tuple[GemmTile, ...] = param(
+        ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85)), min_length=1,
         doc="kernels: output tiles (rows, cols, relative efficiency) a GEMM library picks "
         "from; the best of tile-quantisation x wave-quantisation x relative efficiency wins")
     attention_efficiency_forward: float = param(
@@ -308,14 +315,6 @@ class ComputeRuntime:
         0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
         "averaged buffer per second (0 = free)")
 
-    def __post_init__(self) -> None:
-        if not self.gemm_tiles:
-            raise SpecError("runtime.compute.gemm_tiles: give at least one tile")
-        for i, (rows, cols, rel) in enumerate(self.gemm_tiles):
-            if rows < 1 or cols < 1 or not 0 < rel <= 1:
-                raise SpecError(f"runtime.compute.gemm_tiles[{i}]: expected rows >= 1, cols >= 1 "
-                                f"and 0 < efficiency <= 1, got {rows}, {cols}, {rel}")
-
 
 @dataclass(frozen=True, kw_only=True)
 class CommRuntime:
@@ -330,12 +329,14 @@ class CommRuntime:
         "NCCL's own tuning model picks algorithm and protocol and charges each ring hop by its "
         "link class (simfed/collectives/nccl.py); bytes still share links in the flow network")
     nccl_version: str = param(
-        "2.23", doc="NCCL release (decides which algorithms exist: PAT from 2.23)")
+        "2.23", pattern=r"^[0-9]+(\.[0-9]+)+$",
+        doc="NCCL release like 2.23 (decides which algorithms exist: PAT from 2.23)")
     nccl_channels: int = param(16, ge=1, doc="NCCL channels (per-channel protocol caps)")
     nvls_allreduce_gain: float = param(
         1.30, gt=0, doc="NVLS all-reduce bus bandwidth / ring's inside an NVSwitch node")
-    nccl_algorithms: tuple[str, ...] = param(
-        ("ring", "tree", "pat", "nvls"), doc="algorithms NCCL may pick (NCCL_ALGO)")
+    nccl_algorithms: tuple[Literal["ring", "tree", "pat", "nvls"], ...] = param(
+        ("ring", "tree", "pat", "nvls"), min_length=1,
+        doc="algorithms NCCL may pick (NCCL_ALGO)")
     sm_share: float = param(
         0.0, ge=0, le=1, doc="share of a GPU's compute a running NCCL kernel takes from kernels "
         "overlapping it (its channels' SMs and HBM traffic); compute overlapped by FSDP's "
@@ -346,33 +347,13 @@ class CommRuntime:
     reduce_scatter_impl: str = param(
         "reduce_scatter", choices=("reduce_scatter", "all_reduce"),
         doc="gloo implements reduce-scatter as a full all-reduce of the input")
-    op_bw_factor: dict[str, float | dict[str, float]] = param(
+    op_bw_factor: dict[CollectiveOp, PositiveFloat | dict[Domain, PositiveFloat]] = param(
         None, doc="per collective: achieved / modelled bandwidth, relative to all-reduce (gloo's "
         "all-gather moves its bytes slower than its all-reduce; realrun's gloo reduce-scatter is "
         "an all-reduce plus copies); a number, or {intra: f, inter: f} for collectives inside "
         "one node (loopback / NVLink) and across nodes, with intra_pair / inter_pair for rings "
         "of two ranks where they differ (gloo: one exchange each way with a single peer); "
         "missing: 1.0 (a pair without its own: the domain's)")
-
-    def __post_init__(self) -> None:
-        bad = sorted(set(self.nccl_algorithms) - {"ring", "tree", "pat", "nvls"})
-        if bad or not self.nccl_algorithms:
-            raise SpecError(f"runtime.comm.nccl_algorithms: {', '.join(bad) or 'empty'}: "
-                            "expected some of ring, tree, pat, nvls")
-        parts = self.nccl_version.split(".")
-        if len(parts) < 2 or not all(p.isdigit() for p in parts):
-            raise SpecError(f"runtime.comm.nccl_version: expected a release like 2.23, got "
-                            f"{self.nccl_version!r}")
-        for op, f in (self.op_bw_factor or {}).items():
-            where = f"runtime.comm.op_bw_factor.{op}"
-            if op not in ("all_gather", "reduce_scatter", "all_reduce"):
-                raise SpecError(f"{where}: expected all_gather, reduce_scatter or all_reduce")
-            for dom, v in (f.items() if isinstance(f, dict) else [("", f)]):
-                if dom not in ("", *DOMAINS):
-                    raise SpecError(f"{where}.{dom}: expected one of {', '.join(DOMAINS)}")
-                if not v > 0:
-                    raise SpecError(f"{where}{'.' + dom if dom else ''}: expected a number "
-                                    f"> 0, got {v!r}")
 
     @staticmethod
     def _per_op(table: dict | None, op: str, intra: bool, default: float,
