@@ -58,7 +58,7 @@ class Op:
     waits: tuple[int, ...] = ()  # SYNC: ops the host waits for
     duration_s: float = 0.0  # COMPUTE (before the straggler factor) and HOSTWORK
     host_s: float = 0.0  # host time to issue the op
-    coll: str = ""  # all_gather | reduce_scatter | all_reduce
+    collective: str = ""  # COLLECTIVE: all_gather | reduce_scatter | all_reduce
     pg: str = ""  # process-group kind
     nbytes: int = 0  # S: gathered / unreduced / reduced buffer size
     host_waits: int = -1  # the host waits for this op's end before issuing (rate limiter)
@@ -134,7 +134,7 @@ def build_program(
         # the step's first all-gather reads parameters the previous step's update wrote
         op = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[SHARD], phase=phase,
                  name=f"all_gather u{unit}",
-                 unit=unit, coll="all_gather", pg=SHARD, nbytes=t.unit_nbytes[unit],
+                 unit=unit, collective="all_gather", pg=SHARD, nbytes=t.unit_nbytes[unit],
                  alloc_unit=unit, after_prev_step=unit == 0 and phase == FWD)
         gathers.append(op)
         return op
@@ -175,15 +175,15 @@ def build_program(
         if sharded:
             rs = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[SHARD], phase=BWD,
                      name=f"reduce_scatter u{unit}",
-                     unit=unit, deps=(after.idx,), coll="reduce_scatter", pg=SHARD,
+                     unit=unit, deps=(after.idx,), collective="reduce_scatter", pg=SHARD,
                      nbytes=int(t.unit_nbytes[unit] * t.reduce_factor))
             last = rs
         else:
             last = after
         if hybrid:
             ar = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[REPLICATE], phase=BWD,
-                     name=f"all_reduce u{unit}", unit=unit, deps=(last.idx,), coll="all_reduce",
-                     pg=REPLICATE,
+                     name=f"all_reduce u{unit}", unit=unit, deps=(last.idx,),
+                     collective="all_reduce", pg=REPLICATE,
                      nbytes=int(-(-t.unit_nbytes[unit] // t.shard) * t.reduce_factor))
             last = ar
         reduced.append(last.idx)
@@ -220,7 +220,7 @@ def build_program(
         nbytes = t.shard_params * dtype_nbytes(alg.fedavg_dtype)
         agg = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[FED], phase=AGG,
                   name="fedavg all_reduce",
-                  deps=(opt.idx,), coll="all_reduce", pg=FED, nbytes=nbytes)
+                  deps=(opt.idx,), collective="all_reduce", pg=FED, nbytes=nbytes)
         avg = add(kind=OpKind.COMPUTE, stream=0, phase=AGG, name="fedavg divide", deps=(agg.idx,),
                   duration_s=t.fedavg_local_s)
         if t.outer_s > 0:  # Nesterov momentum on the averaged delta, elementwise on the shard

@@ -192,7 +192,7 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
                          for a in range(len(sim.states)))
     mem = memory_breakdown(scn.model, train, scn.runtime.memory, shard=plan.shard,
                            peak_unsharded_units_bytes=peak_unsharded)
-    bytes_step = {k: sim.bytes_by_kind[k] / steps for k in LINK_KINDS}
+    bytes_step = {k: sim.bytes_by_link_kind[k] / steps for k in LINK_KINDS}
     checks = sum(
         sim.debug_check_s(sim.part.components[op.pg][0].size)
         for op in sim.program(0).ops if op.pg

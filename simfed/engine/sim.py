@@ -49,14 +49,14 @@ class CollectivePlan:
     """A collective of one component, ready to run: phases of (latency, link demands)."""
 
     phases: list[tuple[float, dict[int, float]]]
-    bytes_by_kind: dict[str, float]  # over the whole cluster, all instances of the component
+    bytes_by_link_kind: dict[str, float]  # over the whole cluster, all instances of the component
     size: int
     private: bool = False  # no other communicator can load its links
     solo_s: float = 0.0  # duration alone on the network (latency + bandwidth terms)
-    link_bytes: tuple[tuple[str, float], ...] = ()  # bytes_by_kind's non-zero entries
+    link_bytes: tuple[tuple[str, float], ...] = ()  # bytes_by_link_kind's non-zero entries
 
     def __post_init__(self) -> None:
-        self.link_bytes = tuple((k, b) for k, b in self.bytes_by_kind.items() if b)
+        self.link_bytes = tuple((k, b) for k, b in self.bytes_by_link_kind.items() if b)
 
 
 @dataclass
@@ -111,7 +111,7 @@ class Simulation:
         self._coll_cache: dict[tuple, CollectivePlan] = {}
         self._nccl: NcclModel | None = None
         self._rv: dict[tuple, _Rendezvous] = {}
-        self.bytes_by_kind = dict.fromkeys(LINK_KINDS, 0.0)
+        self.bytes_by_link_kind = dict.fromkeys(LINK_KINDS, 0.0)
         self.states = [ActorState(index=a.index) for a in part.actors]
         self._private_links = self._find_private_links()
         # per process-group kind: host debug-check cost (instances of a kind have one size)
@@ -130,28 +130,28 @@ class Simulation:
             count[c] += 1
         for c in range(nclasses):
             nic_f = part.nic_factor_of_class[c]
-            for kind, cap, subs in (
+            for link_kind, cap, subs in (
                 (NVLINK, hw.nvlink_Bps * hw.nvlink_efficiency, hw.gpus_per_node),
                 (NIC, hw.rail_Bps * hw.nic_efficiency * nic_f, hw.rails),
             ):
                 for sub in range(subs):  # one class per GPU / rail position in the node
-                    self._link_ix[(kind, c, sub)] = len(links)
-                    links.append(LinkClass(len(links), kind, c, cap, count[c]))
+                    self._link_ix[(link_kind, c, sub)] = len(links)
+                    links.append(LinkClass(len(links), link_kind, c, cap, count[c]))
         leaves = max(1, -(-hw.nodes // hw.nodes_per_leaf))
         groups = max(1, -(-hw.nodes // hw.nodes_per_group))
-        for kind, cap, n in (
+        for link_kind, cap, n in (
             (LEAF_UP, hw.leaf_uplink_Bps * hw.nic_efficiency, leaves),
             (GLOBAL, hw.group_global_Bps * hw.nic_efficiency, groups),
             (SWITCH, hw.switch_Bps or float("inf"), leaves),
         ):
-            self._link_ix[(kind, -1, 0)] = len(links)
-            links.append(LinkClass(len(links), kind, -1, cap, n))
+            self._link_ix[(link_kind, -1, 0)] = len(links)
+            links.append(LinkClass(len(links), link_kind, -1, cap, n))
         return links
 
-    def _link_index(self, kind: str, node: int, sub: int) -> int:
+    def _link_index(self, link_kind: str, node: int, sub: int) -> int:
         if node < 0:
-            return self._link_ix[(kind, -1, 0)]
-        return self._link_ix[(kind, self.part.node_class[node], sub)]
+            return self._link_ix[(link_kind, -1, 0)]
+        return self._link_ix[(link_kind, self.part.node_class[node], sub)]
 
     def _find_private_links(self) -> set[int]:
         """Links that only one communicator (process-group kind x component) can load: its
@@ -162,7 +162,7 @@ class Simulation:
                 if op.kind is not COLLECTIVE:
                     continue
                 for comp in self.part.components[op.pg]:
-                    plan = self.collective(op.pg, comp.index, op.coll, op.nbytes)
+                    plan = self.collective(op.pg, comp.index, op.collective, op.nbytes)
                     for _lat, demand in plan.phases:
                         for link in demand:
                             users[link].add((op.pg, comp.index))
@@ -171,12 +171,12 @@ class Simulation:
             plan.private = all(link in private for _l, d in plan.phases for link in d)
         return private
 
-    def collective(self, kind: str, comp: int, op: str, nbytes: int) -> CollectivePlan:
-        key = (kind, comp, op, nbytes)
+    def collective(self, pg: str, comp: int, op: str, nbytes: int) -> CollectivePlan:
+        key = (pg, comp, op, nbytes)
         plan = self._coll_cache.get(key)
         if plan is not None:
             return plan
-        component = self.part.components[kind][comp]
+        component = self.part.components[pg][comp]
         nccl = self.comm.model == "nccl" and self.comm.reduce_scatter_impl == "reduce_scatter"
         impl = collective_impl("ring" if nccl else self.comm.collective)
         # gloo has no reduce-scatter: realrun runs a full all-reduce of the input (its own
@@ -184,7 +184,7 @@ class Simulation:
         run_op = "all_reduce" if (op == "reduce_scatter"
                                   and self.comm.reduce_scatter_impl == "all_reduce") else op
         phases = []
-        kinds = dict.fromkeys(LINK_KINDS, 0.0)
+        link_bytes = dict.fromkeys(LINK_KINDS, 0.0)
         solo = 0.0
         for ph in impl(run_op, component.instances, self.hw.gpus_per_node):
             load = self._ring_load(ph.instances)
@@ -205,8 +205,8 @@ class Simulation:
             phases.append((latency, demand))
             solo += latency + self.net.solo_time_s(demand)
             for k, b in load.bytes_per_E.items():
-                kinds[k] += b * e_bytes
-        plan = CollectivePlan(phases, kinds, component.size, solo_s=solo)
+                link_bytes[k] += b * e_bytes
+        plan = CollectivePlan(phases, link_bytes, component.size, solo_s=solo)
         self._coll_cache[key] = plan
         return plan
 
@@ -322,7 +322,7 @@ class Simulation:
         compute_factor = self.contention.compute_factor(st.index)  # host contention: 1.0
         arrivals = self.contention.arrivals(st.index)  # ... None: members arrive as simulated
         component_of, members = self.part.component_of, self._members
-        bytes_by_kind, contended = self.bytes_by_kind, self.contention.active
+        bytes_by_link_kind, contended = self.bytes_by_link_kind, self.contention.active
         issued_rows, done_rows, waiters = st.issued, st.done, st.waiters
         free = 0.0  # the stream's own clock: when its last op ends
         for step in range(self.steps):
@@ -364,11 +364,11 @@ class Simulation:
                     if arrivals is not None:  # the group's expected latest arrival
                         start += arrivals.wait_s(
                             op.pg, self.part.components[op.pg][comp].size, start)
-                    plan = self._coll_cache.get((op.pg, comp, op.coll, op.nbytes))
+                    plan = self._coll_cache.get((op.pg, comp, op.collective, op.nbytes))
                     if plan is not None and plan.private and members[op.pg][comp] == 1:
                         # alone, on links of its own: its end is known now (as `_launch`)
                         for k, b in plan.link_bytes:
-                            bytes_by_kind[k] += b
+                            bytes_by_link_kind[k] += b
                         extra = (self.contention.extra_collective_s(op.pg, comp, plan.solo_s)
                                  if contended else 0.0)
                         end = start + plan.solo_s + extra
@@ -383,7 +383,7 @@ class Simulation:
                         end = rv.result
                         st.launched[step][idx] = rv.latest
                     if arrivals is not None:
-                        solo_s = self.collective(op.pg, comp, op.coll, op.nbytes).solo_s
+                        solo_s = self.collective(op.pg, comp, op.collective, op.nbytes).solo_s
                         arrivals.collective_done(op.pg, end, solo_s)
                 free = end
                 done_rows[step][idx] = end
@@ -422,12 +422,12 @@ class Simulation:
 
     def _launch(self, rv: _Rendezvous, op: Op, comp: int) -> None:
         """Everyone has joined (at rv.latest): run the collective."""
-        plan = self._coll_cache.get((op.pg, comp, op.coll, op.nbytes))
+        plan = self._coll_cache.get((op.pg, comp, op.collective, op.nbytes))
         if plan is None:
-            plan = self.collective(op.pg, comp, op.coll, op.nbytes)
-        bytes_by_kind = self.bytes_by_kind
+            plan = self.collective(op.pg, comp, op.collective, op.nbytes)
+        bytes_by_link_kind = self.bytes_by_link_kind
         for k, b in plan.link_bytes:
-            bytes_by_kind[k] += b
+            bytes_by_link_kind[k] += b
         extra = (self.contention.extra_collective_s(op.pg, comp, plan.solo_s)
                  if self.contention.active else 0.0)
         if plan.private:

@@ -91,8 +91,8 @@ def test_world_ring_alpha_beta(op, factor):
     assert latency == 0
     assert sim.net.solo_time_s(demand) == pytest.approx(factor * S / 2 / 1.25e9)
     # accounting: 2 inter-node edges of E bytes, 2 NVLink edges of E bytes
-    assert plan.bytes_by_kind["inter_node"] == pytest.approx(2 * factor * S)
-    assert plan.bytes_by_kind["nvlink"] == pytest.approx(2 * factor * S)
+    assert plan.bytes_by_link_kind["inter_node"] == pytest.approx(2 * factor * S)
+    assert plan.bytes_by_link_kind["nvlink"] == pytest.approx(2 * factor * S)
 
 
 def test_latency_term_counts_ring_steps():
