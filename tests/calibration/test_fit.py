@@ -258,7 +258,7 @@ def test_ranks_per_core_follows_the_testbed_pinning():
      "runtime.shared_cores.host_us_per_MB.all_gather.across: expected one of intra, inter, "
      "intra_pair, inter_pair"),
     ("runtime.comm.op_bw_factor.all_gather.intra", 0.0,
-     "op_bw_factor.all_gather.intra: expected a number > 0, got 0.0"),
+     "op_bw_factor.all_gather.intra: must be > 0, got 0.0"),
     ("runtime.shared_cores.host_us_per_MB.broadcast", 5.0,
      "runtime.shared_cores.host_us_per_MB.broadcast: expected all_gather, reduce_scatter or "
      "all_reduce"),
