@@ -177,9 +177,10 @@ def test_rate_limit_is_in_place_and_everything_is_removed(prefix):
         # across nodes: at the tc rate (less Ethernet/IP/TCP headers, ~4%)
         inter = tcp_rate_Gbps(tb, 0, 1, nbytes=5_000_000, port=5201)
         assert 0.80 * rate_Gbps < inter < 1.05 * rate_Gbps, inter
-        # within a node (to its own address): loopback, not shaped
+        # within a node (to its own address): loopback, not shaped: well past what the tbf
+        # lets through (1.05x), though a loaded host's CPU caps it (0.68 Gb/s seen at load 16)
         intra = tcp_rate_Gbps(tb, 1, 1, nbytes=20_000_000, port=5202)
-        assert intra > 5 * rate_Gbps, intra
+        assert intra > 2 * rate_Gbps, intra
         # the host's own namespace got nothing: no interface of ours there
         host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         assert prefix not in host_links
