@@ -51,7 +51,7 @@ def ring_load(hw: Hardware, instances: Sequence[Sequence[int]], link_index: Link
     process-group kind's) take the array path, `_ring_load_arrays`: the same sums in the same
     order as this loop, in numpy, so that 500,000 ranks cost a fraction of a second."""
     switch = hw.switch_Bps > 0 if switch is None else switch
-    sizes = {len(inst) for inst in instances}
+    sizes = set(map(len, instances))
     if len(sizes) == 1 and min(sizes) >= 2 and len(instances) * min(sizes) >= _ARRAY_MIN_RANKS:
         return _ring_load_arrays(hw, instances, link_index, switch, node_class)
     return _ring_load_loop(hw, instances, link_index, switch)

@@ -140,10 +140,9 @@ class ParallelPlan:
         """Every process group of each kind as a tuple of rank tuples. A kind whose groups have a
         single member does no communication but is listed for completeness."""
         ranks = np.arange(self.world).reshape(self.groups, self.replicate, self.shard)
-        shard = tuple(map(tuple, ranks.reshape(-1, self.shard).tolist()))
-        replicate = tuple(map(tuple, ranks.transpose(0, 2, 1).reshape(-1, self.replicate)
-                              .tolist()))
-        fed = tuple(map(tuple, ranks.transpose(1, 2, 0).reshape(-1, self.groups).tolist()))
+        shard = _rows(ranks.reshape(-1, self.shard))
+        replicate = _rows(ranks.transpose(0, 2, 1).reshape(-1, self.replicate))
+        fed = _rows(ranks.transpose(1, 2, 0).reshape(-1, self.groups))
         return {"shard": shard, "replicate": replicate, "fed": fed}
 
     def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
@@ -162,3 +161,12 @@ class ParallelPlan:
             f"{self.nodes} nodes x {self.gpus_per_node} GPUs: {self.groups} group(s) x "
             f"replicate {self.replicate} x shard {self.shard}"
         )
+
+
+def _rows(table: np.ndarray) -> tuple[tuple[int, ...], ...]:
+    """A 2-D array's rows as tuples of ints: many short rows are zipped from the columns (the
+    tuples are built in C), few long ones converted row by row."""
+    n, k = table.shape
+    if k <= n:
+        return tuple(zip(*(table[:, j].tolist() for j in range(k)), strict=True))
+    return tuple(map(tuple, table.tolist()))
