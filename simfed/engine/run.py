@@ -250,6 +250,15 @@ def simulate(scn: Scenario, *, algorithms: list[str] | None = None, trace: bool 
     it saves otherwise)."""
     check_cost(scn, algorithms)  # refuse what cannot be simulated in seconds
     forget_ring_loads()  # the algorithms below share rings; earlier calls' are not reused
+    try:
+        return _simulate_scenario(scn, algorithms, trace, trace_steps, jobs)
+    finally:
+        forget_ring_loads()  # nor kept after it (their instances are large at 10^5 GPUs)
+
+
+def _simulate_scenario(scn: Scenario, algorithms: list[str] | None, trace: bool,
+                       trace_steps: int | None, jobs: int | None
+                       ) -> tuple[dict[str, Any], dict[str, list[Span]]]:
     if needs_window(scn):  # a long run from a window (simfed.engine.window)
         out, spans = simulate_windowed(simulate, scn, algorithms, trace=trace,
                                        trace_steps=trace_steps, jobs=jobs)

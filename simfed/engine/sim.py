@@ -73,12 +73,13 @@ class ActorState:
 
 _ISSUED, _DONE = 0, 1
 _RING_LOADS: dict[tuple, RingLoad] = {}  # (links key, instances) -> load, oldest first
-_RING_LOADS_KEPT = 64
+_RING_LOADS_KEPT = 16  # one call's algorithms use at most a dozen rings
 
 
 def forget_ring_loads() -> None:
-    """Drop the ring loads kept from earlier simulations (`simfed.engine.run.simulate` starts
-    with this, so one call's algorithms share rings and no call is timed on another's)."""
+    """Drop the ring loads kept from earlier simulations (`simfed.engine.run.simulate` calls
+    this before and after its algorithms, so they share rings, no call is timed on another's,
+    and none is kept after it)."""
     _RING_LOADS.clear()
 
 
