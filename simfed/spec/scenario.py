@@ -215,7 +215,7 @@ class TrainingSpec:
     lr_schedule: str = param("cosine", choices=("cosine", "constant"))
     weight_decay: float = param(0.1, ge=0)
     betas: tuple[float, float] = param((0.9, 0.95))
-    activation_checkpointing: bool | str = param(
+    activation_checkpointing: bool | Literal["none", "full", "selective"] = param(
         False, doc="none | full | selective (true = full, false = none): full re-runs each "
         "decoder layer's forward in its backward and keeps only its input; selective does so "
         "for `checkpoint_fraction` of the layers (fms-fsdp's selective_checkpointing, "
@@ -240,12 +240,6 @@ class TrainingSpec:
         doc="pytorch: an fp32 copy and fp32 log-softmax of the logits (10 bytes per logit at "
         "the loss); fused (flash-attn's xentropy, llm-foundry's MPT default): bf16 logits, "
         "gradient in place (2 bytes)")
-
-    def __post_init__(self) -> None:
-        ac = self.activation_checkpointing
-        if ac not in (True, False, "none", "full", "selective"):
-            raise SpecError(f"training.activation_checkpointing: expected none, full or "
-                            f"selective (or true/false), got {ac!r}")
 
     @property
     def ac_policy(self) -> str:
@@ -538,7 +532,8 @@ class StragglerSpec:
 
 
 # the parts of `realrun bench` that measure compute (the rest: comm, checks)
-REBENCH_PARTS = ("compute", "units", "optimizer")
+RebenchPart = Literal["compute", "units", "optimizer"]
+REBENCH_PARTS = get_args(RebenchPart)
 BENCH_PARTS = ("comm", *REBENCH_PARTS, "checks")  # realrun.bench.PARTS
 
 
@@ -565,16 +560,10 @@ class ValidationSpec:
     bench_sets: tuple[dict[str, Any], ...] = param(
         (), doc="extra overrides to run the benchmarks at (other layouts, link rates, model "
         "sizes); the key `skip` passes `realrun bench --skip` (e.g. skip: units,optimizer)")
-    rebench: tuple[str, ...] = param(
+    rebench: tuple[RebenchPart, ...] = param(
         (), doc="compute parts of `realrun bench` (compute, units, optimizer) run again right "
         "before each shape's launches, in its layout; the shape is predicted with them in place "
         "of the first benchmarks' (a host's speed drifts over a long validation)")
-
-    def __post_init__(self) -> None:
-        bad = sorted(set(self.rebench) - set(REBENCH_PARTS))
-        if bad:
-            raise SpecError(f"validation.rebench: {', '.join(bad)} is not a compute part of "
-                            f"`realrun bench` (expected some of {', '.join(REBENCH_PARTS)})")
 
     @property
     def fit_shapes(self) -> tuple[ValidationShape, ...]:

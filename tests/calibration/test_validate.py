@@ -237,5 +237,6 @@ def test_rebench_predicts_each_shape_with_the_compute_measured_right_before_it(t
     # the collectives still come from the first benchmarks
     assert shape.runtime.comm.nic_efficiency == first.runtime.comm.nic_efficiency
     scn_path.write_text(text.replace("[units]", "[units, comm]"))
-    with pytest.raises(SpecError, match=r"validation\.rebench: comm is not a compute part"):
+    with pytest.raises(SpecError, match=r"validation\.rebench\[1\]: must be one of compute, "
+                       r"units, optimizer, got 'comm'"):
         load_scenario(scn_path)

@@ -59,7 +59,13 @@ def _set(*path_and_value):
      "algorithms[1].name: must be one of fsdp, hsdp, fl_fsdp, fl_hsdp, got 'zero3'"),
     (_set("training", "betas", [0.9]), "training.betas: expected 2 items, got 1"),
     (_set("training", "activation_checkpointing", 5),
-     "training.activation_checkpointing: expected true or false or a string, got 5"),
+     "training.activation_checkpointing: expected true or false or one of none, full, "
+     "selective, got 5"),
+    (_set("training", "activation_checkpointing", "fulll"),
+     "training.activation_checkpointing: expected true or false or one of none, full, "
+     "selective, got 'fulll'"),
+    (_set("validation", "rebench", ["units", "comm"]),
+     "validation.rebench[1]: must be one of compute, units, optimizer, got 'comm'"),
     # cross-field rules (the dataclass's __post_init__) run inside pydantic, at their key
     (_set("model", "heads", 7), "model.hidden: "),
     # rules that were hand-written in CommRuntime / ComputeRuntime are types now
