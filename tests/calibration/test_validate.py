@@ -240,3 +240,25 @@ def test_rebench_predicts_each_shape_with_the_compute_measured_right_before_it(t
     with pytest.raises(SpecError, match=r"validation\.rebench\[1\]: must be one of compute, "
                        r"units, optimizer, got 'comm'"):
         load_scenario(scn_path)
+
+
+def test_host_drift_is_the_pooled_spread_of_the_rebenched_compute_speed():
+    import math
+
+    from simfed.calibration.samples import Samples, UnitSample
+    from simfed.calibration.validate import _host_drift, _Shape
+    from simfed.spec.scenario import ValidationShape
+
+    def shape(name: str, rate: float, sets: dict) -> _Shape:
+        units = [UnitSample(phase=ph, flops=f, time_s=f / rate, source="s")
+                 for ph in ("forward", "backward") for f in (1e8, 4e8)]
+        return _Shape("check", ValidationShape(name=name, set=sets), sets, ["fsdp"],
+                      Samples(units=units))
+
+    scn = load_scenario(TINY)
+    # one layout at 1, 2 and 4 GFLOP/s (ln spread: ln 2), and another micro-batch alone, whose
+    # speed is its own business: it adds no spread and no degree of freedom
+    shapes = [shape("a", 1e9, {}), shape("b", 2e9, {}), shape("c", 4e9, {}),
+              shape("d", 9e9, {"training.micro_batch": 8})]
+    assert _host_drift(TINY, scn, shapes) == pytest.approx(math.log(2), rel=1e-3)
+    assert _host_drift(TINY, scn, shapes[:2]) == 0.0  # one degree of freedom: no estimate
