@@ -70,9 +70,9 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                            check=False)
     med = {k: statistics.median(v) for k, v in times.items()}
-    gpus = args.nodes * 4
-    print(f"{args.scenario}, cluster.nodes={args.nodes} ({gpus:,} GPUs if 4 per node), all "
-          f"algorithms, {args.repeat} runs each, alternating:")
+    gpus = json.loads(next(iter(outs["this"])))["cluster"]["world"]
+    print(f"{args.scenario}, cluster.nodes={args.nodes} ({gpus:,} GPUs), all algorithms, "
+          f"{args.repeat} runs each, alternating:")
     for k in ("base", "this"):
         label = args.base if k == "base" else "this tree"
         print(f"  {label:10s} median {med[k]:.2f} s (min {min(times[k]):.2f}, "

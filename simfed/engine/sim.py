@@ -107,6 +107,7 @@ class Simulation:
         self.contention = contention  # what the host adds (simfed.contention); no-op default
         self.links = self._link_classes()
         self.net = FlowNetwork(self.env, [lc.capacity_Bps for lc in self.links])
+        self._loads: dict[tuple, RingLoad] = {}  # per (pg, comp, op, phase)
         # what the link classes and their indices depend on (ring loads are shared by it)
         self._links_key = (hw, tuple(part.node_class), tuple(part.nic_factor_of_class))
         self._coll_cache: dict[tuple, CollectivePlan] = {}
@@ -187,8 +188,11 @@ class Simulation:
         phases = []
         link_bytes = dict.fromkeys(LINK_KINDS, 0.0)
         solo = 0.0
-        for ph in impl(run_op, component.instances, self.hw.gpus_per_node):
-            load = self._ring_load(ph.instances)
+        for i, ph in enumerate(impl(run_op, component.instances, self.hw.gpus_per_node)):
+            lkey = (pg, comp, run_op, i)  # phase i of `op` always spans the same instances
+            load = self._loads.get(lkey)
+            if load is None:  # (hashing the instances for the shared cache costs: once)
+                load = self._loads[lkey] = self._ring_load(ph.instances)
             # bytes over the links, slowed by the implementation's achieved-bandwidth factor
             # (per op, inside a node or across nodes)
             intra = not any(b > 0 for k, b in load.bytes_per_E.items() if k != NVLINK)
