@@ -10,193 +10,42 @@ validation (used by sweeps and `--set`).
 from __future__ import annotations
 
 import copy
-import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
-
-from pydantic import Field, PositiveFloat
+from typing import Any, Literal, get_args
 
 from .algorithms import ALGORITHMS, algorithm_info
+from .cluster import (  # noqa: F401 - re-exported: the scenario's names live here too
+    ClusterSpec,
+    FabricSpec,
+    GpuSpec,
+    NicSpec,
+    NodeSpec,
+    NvlinkSpec,
+    node_block_groups,
+    node_cores,
+    ranks_per_core,
+)
 from .limits import MAX_EMULATED_RANKS, MAX_WORLD
 from .model import ModelSpec
 from .plan import ParallelPlan
+from .runtime import (  # noqa: F401 - re-exported
+    DOMAINS,
+    CollectiveOp,
+    CommRuntime,
+    ComputeRuntime,
+    Domain,
+    GemmTile,
+    HostRuntime,
+    MemoryRuntime,
+    RuntimeSpec,
+)
 from .schema import SpecError, build, param, to_plain
-from .shared_cores import SharedCoresSpec
 from .yamlio import MAX_NODES, expanded_size, read_yaml
 
 SCHEMA_VERSION = 1
-# where a per-collective factor applies: inside one node or across nodes, and the same for
-# rings of two ranks ("_pair": one exchange each way with a single peer)
-Domain = Literal["intra", "inter", "intra_pair", "inter_pair"]
-DOMAINS = get_args(Domain)
-CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce"]
-# a GEMM output tile: rows, cols, efficiency relative to the best tile
-GemmTile = tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)],
-                 Annotated[float, Field(gt=0, le=1)]]
-
-# ---------------------------------------------------------------------------------------------
-# cluster
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuSpec:
-    name: str = param("gpu")
-    peak_tflops: float = param(gt=0, doc="dense peak TFLOP/s in the model dtype (bf16)")
-    peak_tflops_fp32: float = param(0.0, ge=0, doc="dense fp32 peak (informational)")
-    memory_GiB: float = param(gt=0)
-    hbm_bw_GBps: float = param(gt=0, doc="memory bandwidth")
-    sms: int = param(0, ge=0, doc="streaming multiprocessors (GEMM wave quantisation; 0 = "
-                     "not modelled)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class NvlinkSpec:
-    topology: str = param(
-        "switch", choices=("switch", "full_mesh"),
-        doc="switch: any GPU pair gets the full bandwidth (NVSwitch); full_mesh: direct links "
-        "split evenly among peers (A100 4-GPU boards)",
-    )
-    bw_GBps: float = param(gt=0, doc="per GPU, per direction, all links together")
-    latency_us: float = param(2.0, ge=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class NicSpec:
-    count: int = param(ge=1, doc="NIC rails per node")
-    bw_Gbps: float = param(gt=0, doc="line rate per rail")
-    latency_us: float = param(2.0, ge=0, doc="one-way latency node to node")
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeSpec:
-    gpus: int = param(ge=1)
-    gpu: GpuSpec
-    nvlink: NvlinkSpec
-    nics: NicSpec
-    cpu_cores: int = param(0, ge=0, doc="host cores (0 = plenty); matters for CPU testbeds")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FabricSpec:
-    topology: str = param(
-        "fat_tree", choices=("ideal", "fat_tree", "dragonfly_plus"),
-        doc="ideal: non-blocking; fat_tree: leaves with over-subscribed uplinks; "
-        "dragonfly_plus: groups (cells) of nodes joined by global links",
-    )
-    nodes_per_leaf: int = param(16, ge=1, doc="nodes under one leaf switch")
-    oversubscription: float = param(1.0, ge=1, doc="leaf down:up bandwidth ratio")
-    nodes_per_group: int = param(180, ge=1, doc="dragonfly_plus: nodes per group (cell)")
-    global_taper: float = param(
-        1.0, gt=0, doc="dragonfly_plus: global bandwidth leaving a group / its nodes' injection"
-    )
-    placement: str = param(
-        "packed", choices=("packed", "spread"),
-        doc="packed: job nodes fill leaves/groups in order; spread: round-robin over them",
-    )
-    switch_latency_us: float = param(0.5, ge=0, doc="added per switch hop")
-    switch_capacity_Gbps: float = param(
-        0.0, ge=0, doc="aggregate forwarding capacity of a leaf switch for the inter-node "
-        "traffic of its nodes (0 = non-blocking); e.g. a software bridge")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterSpec:
-    name: str = param("cluster")
-    nodes: int = param(ge=1)
-    node: NodeSpec
-    fabric: FabricSpec = FabricSpec()
-    host_cores: int = param(
-        0, ge=0, doc="an emulated cluster on one host (realrun testbed): the host's cores, "
-        "which node.cpu_cores per node are handed out over in turn; 0 = every node has its own")
-
-    @property
-    def world(self) -> int:
-        return self.nodes * self.node.gpus
-
-    @property
-    def ranks_per_core(self) -> float:
-        """Most ranks one host core carries when every rank runs at once (1.0: a core each)."""
-        if self.node.cpu_cores <= 0 and self.host_cores <= 0:
-            return 1.0
-        period = _core_period(self.node.cpu_cores, self.host_cores)
-        if not period:  # nodes with cores of their own: all alike, one stands for every node
-            return _core_load({0: self.node.gpus}, self.node.cpu_cores, 0)
-        per_residue = {m: self.node.gpus * len(range(m, self.nodes, period))
-                       for m in range(min(period, self.nodes))}
-        return _core_load(per_residue, self.node.cpu_cores, self.host_cores)
-
-    def node_cores(self) -> tuple[frozenset[int], ...]:
-        """Per node, the host cores its ranks run on (empty: cores are not modelled). Cores are
-        modelled only on an emulated cluster (`host_cores`): nodes with cores of their own share
-        none with another node, and federation groups are whole nodes, so no rank ever meets
-        another group's ranks on a core (and no per-core structure is built for 10^5 nodes)."""
-        if self.host_cores <= 0:
-            return ()
-        return tuple(node_cores(n, self.node.cpu_cores, self.host_cores)
-                     for n in range(self.nodes))
-
-
-def node_cores(node: int, cpu_cores: int, host_cores: int) -> frozenset[int]:
-    """The host cores of a node's ranks: its `cpu_cores` handed out in turn over `host_cores`
-    (as `realrun testbed` pins them; a set: more cores than the host has count each once), all
-    of the host's when unpinned; empty when neither is given (cores are plenty)."""
-    if cpu_cores <= 0:
-        return frozenset(range(host_cores))
-    first = node * cpu_cores
-    return frozenset((first + j) % host_cores if host_cores else first + j
-                     for j in range(cpu_cores))
-
-
-def _core_period(cpu_cores: int, host_cores: int) -> int:
-    """Nodes n and n + period run on the same host cores (`node_cores`); 0: never (own cores)."""
-    if host_cores <= 0:
-        return 0
-    if cpu_cores <= 0:
-        return 1
-    return host_cores // math.gcd(cpu_cores, host_cores)
-
-
-def _core_load(ranks_by_node: Mapping[int, int], cpu_cores: int, host_cores: int) -> float:
-    """Most ranks one core carries, from the count of running ranks per node (per node residue
-    modulo `_core_period` on an emulated cluster: those nodes share their cores)."""
-    load: dict[int, float] = {}
-    for node, count in ranks_by_node.items():
-        cores = node_cores(node, cpu_cores, host_cores)
-        if not host_cores:  # a node's own cores: evenly loaded, shared with no other node
-            load[node] = count / len(cores)
-            continue
-        for c in cores:
-            load[c] = load.get(c, 0.0) + count / len(cores)
-    return max([1.0, *load.values()])
-
-
-def ranks_per_core(ranks: Iterable[int], gpus_per_node: int, cpu_cores: int,
-                   host_cores: int) -> float:
-    """Most of `ranks` one host core carries when they run at once, each node's ranks spread
-    over its cores (`node_cores`); 1.0 at least (a rank never runs faster for having a core to
-    itself)."""
-    if cpu_cores <= 0 and host_cores <= 0:
-        return 1.0
-    period = _core_period(cpu_cores, host_cores)
-    counts: dict[int, int] = {}
-    for r in ranks:
-        node = r // gpus_per_node
-        key = node % period if period else node
-        counts[key] = counts.get(key, 0) + 1
-    return _core_load(counts, cpu_cores, host_cores)
-
-
-def node_block_groups(nodes: int, per_node: int, block: int) -> list[list[int]]:
-    """Groups of one rank per node over each block of `block` consecutive nodes (ranks numbered
-    node by node): FL+FSDP's shard groups when a federation group of `block` nodes shards with
-    one rank per node; blocks in order, then node positions."""
-    return [[loc + i * per_node for i in range(blk * block, (blk + 1) * block)]
-            for blk in range(nodes // block) for loc in range(per_node)]
-
-
 # ---------------------------------------------------------------------------------------------
 # training run
 
@@ -264,138 +113,6 @@ class DataSpec:
     synthetic_entropy_bits: float = param(
         2.0, gt=0, doc="synthetic corpus: entropy per token of the generating process"
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# runtime behaviour (what calibration fits)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ComputeRuntime:
-    efficiency_forward: float = param(0.5, gt=0, le=1, doc="achieved / peak FLOP/s, forward")
-    efficiency_backward: float = param(0.5, gt=0, le=1, doc="achieved / peak FLOP/s, backward")
-    optimizer_hbm_efficiency: float = param(0.7, gt=0, le=1, doc="optimizer step: achieved HBM")
-    causal_skip: bool = param(True, doc="attention kernels skip the masked half")
-    launch_us_per_unit: float = param(0.0, ge=0, doc="host time to launch one unit's kernels")
-    unit_overhead_forward_us: float = param(
-        0.0, ge=0, doc="fixed device time per unit forward (framework overhead; CPU ranks)")
-    unit_overhead_backward_us: float = param(0.0, ge=0, doc="... per unit backward")
-    optimizer_overhead_us: float = param(0.0, ge=0, doc="fixed time per optimizer step")
-    model: str = param(
-        "constant", choices=("constant", "kernels"),
-        doc="constant: a unit's FLOPs at efficiency_forward/backward; kernels: each unit as "
-        "its kernels (GEMMs by shape at gemm_efficiency with tile and wave quantisation, "
-        "attention at attention_efficiency_*, memory-bound kernels at hbm_efficiency)")
-    gemm_efficiency: float = param(
-        0.8, gt=0, le=1, doc="kernels: a large, well-shaped bf16 GEMM's achieved / peak FLOP/s")
-    gemm_tiles: tuple[GemmTile, ...] = param(
-        ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85)), min_length=1,
-        doc="kernels: output tiles (rows, cols, relative efficiency) a GEMM library picks "
-        "from; the best of tile-quantisation x wave-quantisation x relative efficiency wins")
-    attention_efficiency_forward: float = param(
-        0.6, gt=0, le=1, doc="kernels: fused (flash) attention forward, achieved / peak")
-    attention_efficiency_backward: float = param(
-        0.5, gt=0, le=1, doc="kernels: fused attention backward, achieved / peak")
-    hbm_efficiency: float = param(
-        0.8, gt=0, le=1, doc="kernels: memory-bound kernels' achieved / nominal HBM bandwidth")
-    kernel_gap_us: float = param(
-        0.0, ge=0, doc="kernels: idle GPU time between consecutive kernels of a unit")
-    gpu_variation: float = param(
-        0.0, ge=0, le=0.5, doc="relative standard deviation of GPU-to-GPU speed of one SKU "
-        "(manufacturing and power management); ranks that meet at every step's collectives "
-        "wait for their slowest: compute takes 1 + gpu_variation x E[max of n normals] for a "
-        "synchronous group of n (a mean-field scale loss; stragglers.jitter simulates draws)")
-    fedavg_local_GBps: float = param(
-        0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
-        "averaged buffer per second (0 = free)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CommRuntime:
-    collective: str = param("ring", doc="collective algorithm (registry name)")
-    nvlink_efficiency: float = param(0.8, gt=0, le=1, doc="bus bandwidth / NVLink nominal")
-    nic_efficiency: float = param(0.9, gt=0, le=1, doc="bus bandwidth / rail line rate")
-    step_latency_us: float = param(5.0, ge=0, doc="software latency per ring step (NCCL)")
-    launch_us: float = param(10.0, ge=0, doc="fixed cost per collective")
-    model: str = param(
-        "alpha_beta", choices=("alpha_beta", "nccl"),
-        doc="alpha_beta: launch + steps x slowest hop + bytes over the ring's links; nccl: "
-        "NCCL's own tuning model picks algorithm and protocol and charges each ring hop by its "
-        "link class (simfed/collectives/nccl.py); bytes still share links in the flow network")
-    nccl_version: str = param(
-        "2.23", pattern=r"^[0-9]+(\.[0-9]+)+$",
-        doc="NCCL release like 2.23 (decides which algorithms exist: PAT from 2.23)")
-    nccl_channels: int = param(16, ge=1, doc="NCCL channels (per-channel protocol caps)")
-    nvls_allreduce_gain: float = param(
-        1.30, gt=0, doc="NVLS all-reduce bus bandwidth / ring's inside an NVSwitch node")
-    nccl_algorithms: tuple[Literal["ring", "tree", "pat", "nvls"], ...] = param(
-        ("ring", "tree", "pat", "nvls"), min_length=1,
-        doc="algorithms NCCL may pick (NCCL_ALGO)")
-    sm_share: float = param(
-        0.0, ge=0, le=1, doc="share of a GPU's compute a running NCCL kernel takes from kernels "
-        "overlapping it (its channels' SMs and HBM traffic); compute overlapped by FSDP's "
-        "collectives runs 1 / (1 - sm_share x overlapped share) slower")
-    overlap_compute: bool = param(
-        True, doc="communication runs on its own streams (GPUs); false: collectives block the "
-        "rank, as gloo's do on CPU")
-    reduce_scatter_impl: str = param(
-        "reduce_scatter", choices=("reduce_scatter", "all_reduce"),
-        doc="gloo implements reduce-scatter as a full all-reduce of the input")
-    op_bw_factor: dict[CollectiveOp, PositiveFloat | dict[Domain, PositiveFloat]] = param(
-        None, doc="per collective: achieved / modelled bandwidth, relative to all-reduce (gloo's "
-        "all-gather moves its bytes slower than its all-reduce; realrun's gloo reduce-scatter is "
-        "an all-reduce plus copies); a number, or {intra: f, inter: f} for collectives inside "
-        "one node (loopback / NVLink) and across nodes, with intra_pair / inter_pair for rings "
-        "of two ranks where they differ (gloo: one exchange each way with a single peer); "
-        "missing: 1.0 (a pair without its own: the domain's)")
-
-    @staticmethod
-    def _per_op(table: dict | None, op: str, intra: bool, default: float,
-                pair: bool = False) -> float:
-        f = (table or {}).get(op, default)
-        if isinstance(f, dict):
-            dom = "intra" if intra else "inter"
-            return float(f.get(f"{dom}_pair", f.get(dom, default)) if pair
-                         else f.get(dom, default))
-        return float(f)
-
-    def bw_factor(self, op: str, intra: bool, pair: bool = False) -> float:
-        """Achieved-bandwidth factor of collective `op` inside a node (`intra`) or across; a
-        ring of two ranks (`pair`) may have its own."""
-        return self._per_op(self.op_bw_factor, op, intra, 1.0, pair)
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostRuntime:
-    debug_checks: str = param(
-        "off", choices=("off", "detail"),
-        doc="TORCH_DISTRIBUTED_DEBUG=DETAIL: host-side fingerprint all-gather and monitored "
-        "barrier on a gloo group before every collective",
-    )
-    gloo_hop_us: float = param(30.0, ge=0, doc="one gloo TCP message, one hop")
-    gloo_rank0_msg_us: float = param(15.0, ge=0, doc="rank 0's cost per peer in monitoredBarrier")
-    sync_per_phase: bool = param(
-        True, doc="host waits for the GPU at each phase boundary (per-phase timers)"
-    )
-    step_overhead_ms: float = param(0.0, ge=0, doc="per-step host work (data, logging): Other")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MemoryRuntime:
-    overhead_GiB: float = param(2.0, ge=0, doc="CUDA context, NCCL buffers, allocator slack")
-    fragmentation: float = param(
-        0.0, ge=0, le=1, doc="caching-allocator fragmentation: reserved / allocated - 1 of the "
-        "activations and unsharded buffers")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RuntimeSpec:
-    compute: ComputeRuntime = ComputeRuntime()
-    comm: CommRuntime = CommRuntime()
-    host: HostRuntime = HostRuntime()
-    memory: MemoryRuntime = MemoryRuntime()
-    shared_cores: SharedCoresSpec = SharedCoresSpec()  # ranks sharing host cores (CPU testbeds)
-    provenance: dict[str, str] = param(None, doc="where each calibrated number came from")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ class SharedCoresSpec:
         "its transfers); a number, or {intra: t, inter: t}; missing: 0")
 
     def __post_init__(self) -> None:
-        from .scenario import DOMAINS  # the per-op table's domains, as runtime.comm's
+        from .runtime import DOMAINS  # the per-op table's domains, as runtime.comm's
 
         for op, f in (self.host_us_per_MB or {}).items():
             where = f"runtime.shared_cores.host_us_per_MB.{op}"

@@ -29,9 +29,13 @@ CLUSTERS = [
 ]
 
 
+def _name(sets: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sets.items()) or "default"
+
+
 def hardware(sets: dict) -> Hardware:
-    scn = load_scenario(SCENARIOS / "512gpu.yaml", {"cluster.nodes": 16, "algorithms": [{"name": "fsdp"}],
-                                                  **sets})
+    scn = load_scenario(SCENARIOS / "512gpu.yaml",
+                        {"cluster.nodes": 16, "algorithms": [{"name": "fsdp"}], **sets})
     return Hardware.from_spec(scn.cluster, scn.runtime)
 
 
@@ -56,7 +60,7 @@ def same(hw: Hardware, instances, classes: list[int], switch: bool) -> None:
     assert (b.hop_latency_s, b.ranks, b.instances) == (a.hop_latency_s, a.ranks, a.instances)
 
 
-@pytest.mark.parametrize("sets", CLUSTERS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
+@pytest.mark.parametrize("sets", CLUSTERS, ids=_name)
 def test_the_plans_process_groups(sets):
     hw = hardware(sets)
     classes = [0] * hw.nodes
@@ -68,13 +72,13 @@ def test_the_plans_process_groups(sets):
                 continue
             plan = ParallelPlan(nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, shard=shard,
                                 replicate=replicate, groups=hw.world // (shard * replicate))
-            for kind, insts in plan.process_groups.items():
+            for insts in plan.process_groups.values():
                 if len(insts[0]) >= 2:
                     for switch in (False, True):
                         same(hw, insts, classes, switch)
 
 
-@pytest.mark.parametrize("sets", CLUSTERS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
+@pytest.mark.parametrize("sets", CLUSTERS, ids=_name)
 def test_arbitrary_rank_sets_and_node_classes(sets):
     hw = hardware(sets)
     rng = random.Random(7)

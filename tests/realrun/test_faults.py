@@ -62,8 +62,8 @@ def assert_traces_whole(out: Path, ranks=range(4)) -> dict[int, set[int]]:
 
 
 def test_a_rank_killed_inside_fedavg(tmp_path):
-    res, elapsed_s = realrun(tmp_path, "--kill-rank", "2", "--kill-at-step", "1",
-                             "--kill-in", "aggregation")
+    res, _ = realrun(tmp_path, "--kill-rank", "2", "--kill-at-step", "1",
+                     "--kill-in", "aggregation")
     assert res.returncode == EXIT_PEER_LOST
     line = one_error_line(res)
     assert line.startswith("error: rank 2 died (SIGKILL) after completing 1 step(s)"), line

@@ -2,6 +2,7 @@
 builds, and the JSON Schema that `simfed schema --json` exports for editors."""
 
 import copy
+import dataclasses
 import json
 
 import jsonschema
@@ -104,7 +105,10 @@ def test_an_empty_section_takes_the_defaults():
 
 def test_the_objects_are_the_frozen_dataclasses():
     scn = scenario_from_dict(_cpu4())
-    assert type(scn) is Scenario and type(scn.cluster).__module__ == "simfed.spec.scenario"
+    from simfed.spec.scenario import ClusterSpec
+
+    assert type(scn) is Scenario and type(scn.cluster) is ClusterSpec  # not a pydantic model
+    assert dataclasses.is_dataclass(scn.cluster)
     assert hash(scn.cluster) == hash(scenario_from_dict(_cpu4()).cluster)
     with pytest.raises(AttributeError):
         scn.cluster.nodes = 3  # type: ignore[misc]

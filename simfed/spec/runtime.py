@@ -1,0 +1,153 @@
+"""The scenario's runtime behaviour: compute, collectives, host and memory settings (what
+calibration fits; `simfed.spec.scenario` re-exports every name)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal, get_args
+
+from pydantic import Field, PositiveFloat
+
+from .schema import param
+from .shared_cores import SharedCoresSpec
+
+# where a per-collective factor applies: inside one node or across nodes, and the same for
+# rings of two ranks ("_pair": one exchange each way with a single peer)
+Domain = Literal["intra", "inter", "intra_pair", "inter_pair"]
+DOMAINS = get_args(Domain)
+CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce"]
+# a GEMM output tile: rows, cols, efficiency relative to the best tile
+GemmTile = tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)],
+                 Annotated[float, Field(gt=0, le=1)]]
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime behaviour (what calibration fits)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeRuntime:
+    efficiency_forward: float = param(0.5, gt=0, le=1, doc="achieved / peak FLOP/s, forward")
+    efficiency_backward: float = param(0.5, gt=0, le=1, doc="achieved / peak FLOP/s, backward")
+    optimizer_hbm_efficiency: float = param(0.7, gt=0, le=1, doc="optimizer step: achieved HBM")
+    causal_skip: bool = param(True, doc="attention kernels skip the masked half")
+    launch_us_per_unit: float = param(0.0, ge=0, doc="host time to launch one unit's kernels")
+    unit_overhead_forward_us: float = param(
+        0.0, ge=0, doc="fixed device time per unit forward (framework overhead; CPU ranks)")
+    unit_overhead_backward_us: float = param(0.0, ge=0, doc="... per unit backward")
+    optimizer_overhead_us: float = param(0.0, ge=0, doc="fixed time per optimizer step")
+    model: str = param(
+        "constant", choices=("constant", "kernels"),
+        doc="constant: a unit's FLOPs at efficiency_forward/backward; kernels: each unit as "
+        "its kernels (GEMMs by shape at gemm_efficiency with tile and wave quantisation, "
+        "attention at attention_efficiency_*, memory-bound kernels at hbm_efficiency)")
+    gemm_efficiency: float = param(
+        0.8, gt=0, le=1, doc="kernels: a large, well-shaped bf16 GEMM's achieved / peak FLOP/s")
+    gemm_tiles: tuple[GemmTile, ...] = param(
+        ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85)), min_length=1,
+        doc="kernels: output tiles (rows, cols, relative efficiency) a GEMM library picks "
+        "from; the best of tile-quantisation x wave-quantisation x relative efficiency wins")
+    attention_efficiency_forward: float = param(
+        0.6, gt=0, le=1, doc="kernels: fused (flash) attention forward, achieved / peak")
+    attention_efficiency_backward: float = param(
+        0.5, gt=0, le=1, doc="kernels: fused attention backward, achieved / peak")
+    hbm_efficiency: float = param(
+        0.8, gt=0, le=1, doc="kernels: memory-bound kernels' achieved / nominal HBM bandwidth")
+    kernel_gap_us: float = param(
+        0.0, ge=0, doc="kernels: idle GPU time between consecutive kernels of a unit")
+    gpu_variation: float = param(
+        0.0, ge=0, le=0.5, doc="relative standard deviation of GPU-to-GPU speed of one SKU "
+        "(manufacturing and power management); ranks that meet at every step's collectives "
+        "wait for their slowest: compute takes 1 + gpu_variation x E[max of n normals] for a "
+        "synchronous group of n (a mean-field scale loss; stragglers.jitter simulates draws)")
+    fedavg_local_GBps: float = param(
+        0.0, ge=0, doc="FedAvg's local work (flatten, cast, divide, copy back) in bytes of the "
+        "averaged buffer per second (0 = free)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommRuntime:
+    collective: str = param("ring", doc="collective algorithm (registry name)")
+    nvlink_efficiency: float = param(0.8, gt=0, le=1, doc="bus bandwidth / NVLink nominal")
+    nic_efficiency: float = param(0.9, gt=0, le=1, doc="bus bandwidth / rail line rate")
+    step_latency_us: float = param(5.0, ge=0, doc="software latency per ring step (NCCL)")
+    launch_us: float = param(10.0, ge=0, doc="fixed cost per collective")
+    model: str = param(
+        "alpha_beta", choices=("alpha_beta", "nccl"),
+        doc="alpha_beta: launch + steps x slowest hop + bytes over the ring's links; nccl: "
+        "NCCL's own tuning model picks algorithm and protocol and charges each ring hop by its "
+        "link class (simfed/collectives/nccl.py); bytes still share links in the flow network")
+    nccl_version: str = param(
+        "2.23", pattern=r"^[0-9]+(\.[0-9]+)+$",
+        doc="NCCL release like 2.23 (decides which algorithms exist: PAT from 2.23)")
+    nccl_channels: int = param(16, ge=1, doc="NCCL channels (per-channel protocol caps)")
+    nvls_allreduce_gain: float = param(
+        1.30, gt=0, doc="NVLS all-reduce bus bandwidth / ring's inside an NVSwitch node")
+    nccl_algorithms: tuple[Literal["ring", "tree", "pat", "nvls"], ...] = param(
+        ("ring", "tree", "pat", "nvls"), min_length=1,
+        doc="algorithms NCCL may pick (NCCL_ALGO)")
+    sm_share: float = param(
+        0.0, ge=0, le=1, doc="share of a GPU's compute a running NCCL kernel takes from kernels "
+        "overlapping it (its channels' SMs and HBM traffic); compute overlapped by FSDP's "
+        "collectives runs 1 / (1 - sm_share x overlapped share) slower")
+    overlap_compute: bool = param(
+        True, doc="communication runs on its own streams (GPUs); false: collectives block the "
+        "rank, as gloo's do on CPU")
+    reduce_scatter_impl: str = param(
+        "reduce_scatter", choices=("reduce_scatter", "all_reduce"),
+        doc="gloo implements reduce-scatter as a full all-reduce of the input")
+    op_bw_factor: dict[CollectiveOp, PositiveFloat | dict[Domain, PositiveFloat]] = param(
+        None, doc="per collective: achieved / modelled bandwidth, relative to all-reduce (gloo's "
+        "all-gather moves its bytes slower than its all-reduce; realrun's gloo reduce-scatter is "
+        "an all-reduce plus copies); a number, or {intra: f, inter: f} for collectives inside "
+        "one node (loopback / NVLink) and across nodes, with intra_pair / inter_pair for rings "
+        "of two ranks where they differ (gloo: one exchange each way with a single peer); "
+        "missing: 1.0 (a pair without its own: the domain's)")
+
+    @staticmethod
+    def _per_op(table: dict | None, op: str, intra: bool, default: float,
+                pair: bool = False) -> float:
+        f = (table or {}).get(op, default)
+        if isinstance(f, dict):
+            dom = "intra" if intra else "inter"
+            return float(f.get(f"{dom}_pair", f.get(dom, default)) if pair
+                         else f.get(dom, default))
+        return float(f)
+
+    def bw_factor(self, op: str, intra: bool, pair: bool = False) -> float:
+        """Achieved-bandwidth factor of collective `op` inside a node (`intra`) or across; a
+        ring of two ranks (`pair`) may have its own."""
+        return self._per_op(self.op_bw_factor, op, intra, 1.0, pair)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostRuntime:
+    debug_checks: str = param(
+        "off", choices=("off", "detail"),
+        doc="TORCH_DISTRIBUTED_DEBUG=DETAIL: host-side fingerprint all-gather and monitored "
+        "barrier on a gloo group before every collective",
+    )
+    gloo_hop_us: float = param(30.0, ge=0, doc="one gloo TCP message, one hop")
+    gloo_rank0_msg_us: float = param(15.0, ge=0, doc="rank 0's cost per peer in monitoredBarrier")
+    sync_per_phase: bool = param(
+        True, doc="host waits for the GPU at each phase boundary (per-phase timers)"
+    )
+    step_overhead_ms: float = param(0.0, ge=0, doc="per-step host work (data, logging): Other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRuntime:
+    overhead_GiB: float = param(2.0, ge=0, doc="CUDA context, NCCL buffers, allocator slack")
+    fragmentation: float = param(
+        0.0, ge=0, le=1, doc="caching-allocator fragmentation: reserved / allocated - 1 of the "
+        "activations and unsharded buffers")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSpec:
+    compute: ComputeRuntime = ComputeRuntime()
+    comm: CommRuntime = CommRuntime()
+    host: HostRuntime = HostRuntime()
+    memory: MemoryRuntime = MemoryRuntime()
+    shared_cores: SharedCoresSpec = SharedCoresSpec()  # ranks sharing host cores (CPU testbeds)
+    provenance: dict[str, str] = param(None, doc="where each calibrated number came from")
