@@ -29,6 +29,7 @@ from typing import Any
 import click
 
 from simfed.spec import Scenario, SpecError, algorithm_info, load_scenario
+from simfed.spec.ops import OPS
 from simfed.spec.overrides import parse_sets
 
 from .bench_summary import SUMMARY, TRACE_GLOB, BenchError, format_summary, summarize
@@ -36,7 +37,6 @@ from .testbed import DEFAULT_PREFIX, TestbedError, testbed_for
 from .torchrun import run_jobs, torchrun_argv
 
 WORKER = "realrun.bench_worker"
-OPS = ("all_gather", "reduce_scatter", "all_reduce")
 GROUP_KINDS = ("intra", "inter", "world", "fl")  # fl: the scenario's federation groups, one
 # rank per node position in each block of group_nodes nodes (summary group "nodes{b}")
 MAX_NPROC = 64

@@ -17,10 +17,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..spec.ops import ALL_GATHER, ALL_REDUCE, OPS, REDUCE_SCATTER
 from ..spec.schema import SpecError
-
-ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
-OPS = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, PositiveFloat
 
+from .ops import CollectiveOp
 from .schema import param
 from .shared_cores import SharedCoresSpec
 
@@ -15,7 +16,6 @@ from .shared_cores import SharedCoresSpec
 # rings of two ranks ("_pair": one exchange each way with a single peer)
 Domain = Literal["intra", "inter", "intra_pair", "inter_pair"]
 DOMAINS = get_args(Domain)
-CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce"]
 # a GEMM output tile: rows, cols, efficiency relative to the best tile
 GemmTile = tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)],
                  Annotated[float, Field(gt=0, le=1)]]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .ops import OPS
 from .schema import SpecError, param
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce")
 MECHANISMS = ("slowdown", "spread", "group_drift", "host_work")
 
 
