@@ -10,8 +10,9 @@ import pytest
 
 from simfed.compute import ComputeModel
 from simfed.hardware import Hardware
+from simfed.spec.loader import scenario_from_dict
 from simfed.spec.model import ModelSpec
-from simfed.spec.scenario import ComputeRuntime, TrainingSpec, scenario_from_dict
+from simfed.spec.scenario import ComputeRuntime, TrainingSpec
 
 
 def _hw(sms: int = 108) -> Hardware:

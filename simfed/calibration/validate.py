@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from ..engine import simulate
-from ..spec.scenario import REBENCH_PARTS, Scenario, ValidationShape, load_scenario
+from ..spec.loader import load_scenario
+from ..spec.scenario import REBENCH_PARTS, Scenario, ValidationShape
 from ..spec.schema import SpecError, to_plain
 from ..spec.trace import read_trace, wall_step_times
 from . import Samples, calibrate, read_inputs, write_profile

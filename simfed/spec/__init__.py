@@ -4,6 +4,7 @@ Model description, parallel plan, algorithm catalogue, scenario loader and trace
 """
 
 from .algorithms import ALGORITHMS, AlgorithmInfo, algorithm_info
+from .loader import load_scenario, load_scenario_data, scenario_from_dict
 from .model import ModelSpec, UnitSpec
 from .plan import FED, PG_KINDS, REPLICATE, SHARD, ParallelPlan
 from .scenario import (
@@ -14,11 +15,8 @@ from .scenario import (
     Scenario,
     StragglerSpec,
     TrainingSpec,
-    load_scenario,
-    load_scenario_data,
     node_block_groups,
     ranks_per_core,
-    scenario_from_dict,
 )
 from .schedule import lr_factor
 from .schema import SpecError, to_plain

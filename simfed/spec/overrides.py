@@ -29,3 +29,35 @@ def parse_sets(items: Iterable[str], option: str = "--set") -> dict[str, Any]:
             continue
         out[key] = parse_yaml(raw, f"{option} {key}")  # bounded: simfed.spec.yamlio
     return out
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c` (list items by name for `algorithms.fl_fsdp.group_nodes`, or by index)."""
+    keys = dotted.split(".")
+    cur: Any = data
+    for i, key in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(cur, list):
+            match = None
+            if key.isdigit() and int(key) < len(cur):
+                match = int(key)
+            else:
+                for j, item in enumerate(cur):
+                    if isinstance(item, dict) and key in (item.get("name"), item.get("label")):
+                        match = j
+                        break
+            if match is None:
+                raise SpecError(f"{dotted}: no list item {key!r}")
+            if last:
+                cur[match] = value
+            else:
+                cur = cur[match]
+            continue
+        if not isinstance(cur, dict):
+            raise SpecError(f"{dotted}: {'.'.join(keys[:i])} is not a mapping")
+        if last:
+            cur[key] = value
+        else:
+            if key not in cur or cur[key] is None:
+                cur[key] = {}
+            cur = cur[key]

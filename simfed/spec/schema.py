@@ -473,7 +473,7 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
 def json_schema(cls: type, title: str = "", resolved: bool = False) -> dict[str, Any]:
     """The JSON Schema (2020-12) of a file holding a `cls` mapping: keys with their types,
     bounds, choices, defaults and docs. As a file is written (`resolved` False), any mapping
-    may say `include: FILE` (`simfed.spec.scenario.resolve_includes`) and take keys from there,
+    may say `include: FILE` (`simfed.spec.loader.resolve_includes`) and take keys from there,
     so no key is required; `resolved`: the data after includes, with its required keys."""
     schema = _adapter(cls, "").json_schema(mode="validation")
     include = {"type": "string", "description": "a YAML file (relative to this one) whose "

@@ -76,7 +76,7 @@ def prepare(spec: SweepSpec) -> tuple[list[str], list[dict[str, Any]]]:
     """Check keys and algorithms against the scenario; return the algorithm identifiers (label
     or name) and the list of points. Raises SpecError on a mistake in the sweep itself."""
     from ..spec import load_scenario_data
-    from ..spec.scenario import set_dotted
+    from ..spec.overrides import set_dotted
 
     keys = spec.param_keys
     dup = sorted({k for k in keys if keys.count(k) > 1})

@@ -36,7 +36,8 @@ from typing import Any, Union, get_args, get_origin
 import yaml
 
 from simfed.spec import limits
-from simfed.spec.scenario import Scenario, load_scenario_data
+from simfed.spec.loader import load_scenario_data
+from simfed.spec.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from simfed.spec import ModelSpec, SpecError
-from simfed.spec.scenario import load_scenario_data
+from simfed.spec.loader import load_scenario_data
 
 from ..conftest import SCENARIOS
 
