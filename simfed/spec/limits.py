@@ -12,9 +12,9 @@ Two tables:
 
 The limits of cost were measured with `simfed run` on 2 cores: a homogeneous cluster is one
 actor per algorithm, and its process groups and ring loads are built in numpy, so time grows
-slowly with the number of GPUs (512gpu.yaml, 4 algorithms, on this 2-core host shared with four
-other jobs, load 13-20: 4 s at 16,384 GPUs, 21 s at 131,072, 20-39 s at 524,288, a few times
-less on a quiet host); `MAX_WORLD` is the largest size measured.
+slowly with the number of GPUs (`simfed bench`, 512gpu.yaml x 4 algorithms on a quiet 2-core
+host: 0.34 s at 16,384 GPUs, 0.88 s at 131,072, 2.7 s at 524,288; 5-10x that with four other
+jobs on the cores); `MAX_WORLD` is the largest size measured.
 Steps cost time with layers x simulated steps; a run longer than its window
 (`simfed.engine.window`: at most STEP_WINDOW steps and at most 3,072 layer-steps) is
 extrapolated from the window, so `training.steps` and `model.layers` together cost a bounded
@@ -50,7 +50,7 @@ UNIT_RANGES: tuple[tuple[str, Range], ...] = (
      Range(None, 1e3, "a ratio is at most 1000")),
 )
 
-MAX_WORLD = 2**19  # 524,288 GPUs: 20-39 s on this 2-core host at load 13-20 (see above)
+MAX_WORLD = 2**19  # 524,288 GPUs: 2.7 s on a quiet 2-core host (see above)
 MAX_EMULATED_RANKS = 512  # an emulated cluster (host_cores > 0): every rank a process on a host
 STEP_WINDOW = 128  # steps simulated at most; more are extrapolated (simfed.engine.window)
 

@@ -129,7 +129,6 @@ def _classify(case: Case, code: int | None, output: str, escaped: BaseException 
 
 def run_case(case: Case, time_limit_s: float = TIME_LIMIT_S) -> Result:
     """Run one case in this process (a worker: `_init_worker` has set the alarm handler)."""
-    time_limit_s = max(time_limit_s, case.slow_s)
     from click.testing import CliRunner
 
     from simfed.cli import main
