@@ -222,25 +222,22 @@ def _ring_load_arrays(hw: Hardware, instances: Sequence[Sequence[int]], link_ind
                       seq(runs, 1, col)))
         kinds.append(NIC)
         kind_bytes[NIC] = float(len(mr))
+        pos = np.asarray(hw.fabric_position(run_node))  # each run's node's fabric slot
         if switch:
-            leaf = np.asarray(hw.fabric_position(run_node[mr])) // hw.nodes_per_leaf
+            leaf = pos[mr] // hw.nodes_per_leaf
             c = link_index(SWITCH, -1, 0)
             terms.append((np.full(len(mr), c), np.ones(len(mr)), leaf, seq(mr, 2, 0 * mr)))
             kinds.append(SWITCH)
         hop_s = max(hop_s, hw.nic_latency_s + hw.switch_latency_s)
         if hw.fabric != "ideal":
             # each run's node to the next run's node of its instance (the last to the first)
+            # (runs are in instance order, every instance has some: its first and last run)
+            first_run = np.flatnonzero(np.r_[True, run_inst[1:] != run_inst[:-1]])
+            last_run = np.r_[first_run[1:] - 1, len(q_run) - 1]
             nxt = np.arange(len(q_run)) + 1
-            last = np.ones(len(q_run), dtype=bool)
-            last[:-1] = run_inst[1:] != run_inst[:-1]
-            first_of_inst = np.zeros(n_inst, dtype=np.int64)
-            first_of_inst[run_inst[::-1]] = np.arange(len(q_run))[::-1]
-            nxt[last] = first_of_inst[run_inst[last]]
-            last_of_inst = np.zeros(n_inst, dtype=np.int64)
-            last_of_inst[run_inst] = np.arange(len(q_run))
-            hop_run = last_of_inst[run_inst[mr]]  # fabric hops come after the instance's nodes
-            a = np.asarray(hw.fabric_position(run_node[mr]))
-            b = np.asarray(hw.fabric_position(run_node[nxt[mr]]))
+            nxt[last_run] = first_run
+            hop_run = last_run[run_inst[mr]]  # fabric hops come after the instance's nodes
+            a, b = pos[mr], pos[nxt[mr]]
             if hw.fabric == "dragonfly_plus":
                 cross = a // hw.nodes_per_group != b // hw.nodes_per_group
                 gl = mr[cross]

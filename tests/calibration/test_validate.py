@@ -59,18 +59,28 @@ def _launches(out) -> None:
                              attrs={"phase": "eval"}))])
 
 
-def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
+def _measured(tmp_path, shapes: str, rates: tuple[float, ...] = (10.0, 5.0),
+              copies: tuple[str, ...] = ()):
+    """A tiny scenario with these validation shapes (YAML lines), benchmarks at `rates` and the
+    base shape's launches, copied as the measurements of the shapes named in `copies`."""
+    import shutil
+
     scn_path = tmp_path / "scn.yaml"
-    scn_path.write_text(
-        f"include: {TINY}\n"
-        "validation:\n"
-        "  repeats: 3\n"
-        "  bench_sets: [{cluster.node.nics.bw_Gbps: 5.0, skip: units}]\n"
-        "  shapes: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n")
+    bench_sets = ("  bench_sets: [{cluster.node.nics.bw_Gbps: 5.0, skip: units}]\n"
+                  if len(rates) > 1 else "")
+    scn_path.write_text(f"include: {TINY}\nvalidation:\n  repeats: 3\n{bench_sets}{shapes}")
     out = tmp_path / "out"
-    _bench(out / "bench" / "set0", 10.0)
-    _bench(out / "bench" / "set1", 5.0)
+    for i, rate in enumerate(rates):
+        _bench(out / "bench" / f"set{i}", rate)
     _launches(out)
+    for name in copies:
+        shutil.copytree(out / "runs" / "base", out / "runs" / name)
+    return scn_path, out
+
+
+def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
+    scn_path, out = _measured(
+        tmp_path, "  shapes: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n")
     res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=4, mechanisms=False)
 
     rows = {r["algorithm"]: r for r in res["runs"]}
@@ -103,20 +113,12 @@ def test_validate_reads_measurements_and_pairs_speedups_by_launch(tmp_path):
 
 
 def test_check_set_is_reported_apart_and_baselines_are_not_scored(tmp_path):
-    import shutil
-
-    scn_path = tmp_path / "scn.yaml"
-    scn_path.write_text(
-        f"include: {TINY}\n"
-        "validation:\n"
-        "  repeats: 3\n"
+    scn_path, out = _measured(
+        tmp_path,
         "  fit: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n"
         "  check: [{name: k1, set: {algorithms.fl_fsdp.aggregate_every: 1},\n"
-        "           algorithms: [fsdp, fl_fsdp], baselines: [fsdp]}]\n")
-    out = tmp_path / "out"
-    _bench(out / "bench" / "set0", 10.0)
-    _launches(out)
-    shutil.copytree(out / "runs" / "base", out / "runs" / "k1")
+        "           algorithms: [fsdp, fl_fsdp], baselines: [fsdp]}]\n",
+        rates=(10.0,), copies=("k1",))
     res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=4, mechanisms=False)
     splits = {r["name"]: (r["split"], r["baseline"]) for r in res["runs"]}
     assert splits == {"base/fsdp": ("fit", False), "base/fl_fsdp": ("fit", False),
@@ -132,22 +134,12 @@ def test_check_set_is_reported_apart_and_baselines_are_not_scored(tmp_path):
 
 
 def test_intervals_from_parameter_draws_widen_where_a_shape_extrapolates(tmp_path):
-    import shutil
-
-    scn_path = tmp_path / "scn.yaml"
-    scn_path.write_text(
-        f"include: {TINY}\n"
-        "validation:\n"
-        "  repeats: 3\n"
-        "  bench_sets: [{cluster.node.nics.bw_Gbps: 5.0, skip: units}]\n"
+    scn_path, out = _measured(
+        tmp_path,
         "  fit: [{name: base, set: {}, algorithms: [fsdp, fl_fsdp]}]\n"
         "  check: [{name: fast, set: {cluster.node.nics.bw_Gbps: 40.0},\n"
-        "           algorithms: [fsdp, fl_fsdp]}]\n")
-    out = tmp_path / "out"
-    _bench(out / "bench" / "set0", 10.0)
-    _bench(out / "bench" / "set1", 5.0)
-    _launches(out)
-    shutil.copytree(out / "runs" / "base", out / "runs" / "fast")
+        "           algorithms: [fsdp, fl_fsdp]}]\n",
+        copies=("fast",))
     res = validate(scn_path, out, echo=lambda _m: None, skip_runs=True, draws=12)
     rows = {r["name"]: r for r in res["runs"]}
     base, fast = rows["base/fsdp"], rows["fast/fsdp"]
