@@ -11,7 +11,9 @@ Two models, chosen by `runtime.compute.model`:
     quantisation (output padded to whole tiles) times its wave quantisation (tiles over the
     GPU's SMs, the last wave partly idle), for the best of the tile shapes a GEMM library picks
     from; a GEMM never beats its HBM traffic (reads A and B, writes C) at `hbm_efficiency`.
-  - fused (flash) attention: its FLOPs (causal half) at `attention_efficiency_forward/backward`.
+  - fused (flash) attention: its FLOPs (causal half) at `attention_efficiency_forward/backward`;
+    llm-foundry's Triton FlashAttention (`training.attention: triton`) slower by
+    `triton_attention_slowdown_forward/backward` (FlashAttention-2 paper, sec. 4.1).
   - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k,
     the MLP activation, two residual adds per layer; embedding gather, final norm and
     cross-entropy over the logits on the root unit; FSDP1's cast of each unsharded gradient to
@@ -130,8 +132,13 @@ class ComputeModel:
         return Kernel(name, 0.0, nbytes, nbytes / (self.hw.hbm_Bps * self.rt.hbm_efficiency))
 
     def attention_kernel(self, name: str, flops: float, backward: bool) -> Kernel:
-        eff = (self.rt.attention_efficiency_backward if backward
-               else self.rt.attention_efficiency_forward)
+        """A fused attention kernel's FLOPs at the flash efficiency; llm-foundry's Triton
+        FlashAttention (`attention: triton`) takes `triton_attention_slowdown_*` times longer."""
+        rt = self.rt
+        eff = rt.attention_efficiency_backward if backward else rt.attention_efficiency_forward
+        if self.attention == "triton":
+            eff /= (rt.triton_attention_slowdown_backward if backward
+                    else rt.triton_attention_slowdown_forward)
         return Kernel(name, flops, 0.0, flops / (self.hw.peak_flops * eff))
 
     def unit_kernels(self, unit: UnitSpec, direction: str) -> list[Kernel]:
@@ -161,7 +168,7 @@ class ComputeModel:
                else [("mlp up", t, f, d), ("mlp down", t, d, f)])
         ks = self._gemms([("qkv", t, d + 2 * kv, d), ("attn out", t, d, d), *mlp], direction)
         bwd = direction == "backward"
-        if self.attention == "flash":
+        if self.attention in ("flash", "triton"):
             attn_fwd = mdl.attention_core_flops_per_token(self.seq_len, self.rt.causal_skip) * t
             ks.append(self.attention_kernel("attention", attn_fwd * (2.5 if bwd else 1.0), bwd))
         else:  # eager: two batched GEMMs over the whole score matrix, softmax through HBM

@@ -132,3 +132,17 @@ def test_fsdp_gradient_cast_and_predivide_follow_the_reduce_dtype():
     assert bf16.nbytes == unit.params * 4  # predivide in place: read + write 2 bytes
     assert fp32.nbytes == unit.params * (2 + 4 + 8)  # cast 2 -> 4, then predivide in fp32
     assert fp32.time_s == pytest.approx(fp32.nbytes / (2000e9 * 0.8))
+
+
+def test_triton_attention_is_flash_slowed_by_its_measured_ratios():
+    """llm-foundry's Triton FlashAttention: the flash kernel's FLOPs, forward time x 1.4 and
+    backward time x 2.0 (FlashAttention-2 paper sec. 4.1); every other kernel unchanged."""
+    unit = MODEL.units(4096)[1]
+    rt = replace(RT, triton_attention_slowdown_forward=1.4, triton_attention_slowdown_backward=2.0)
+    for direction, ratio in (("forward", 1.4), ("backward", 2.0)):
+        flash = {k.name: k for k in _cm(rt=rt).unit_kernels(unit, direction)}
+        triton = {k.name: k for k in _cm(rt=rt, attention="triton").unit_kernels(unit, direction)}
+        assert flash.keys() == triton.keys()
+        assert triton["attention"].flops == flash["attention"].flops
+        assert triton["attention"].time_s == pytest.approx(ratio * flash["attention"].time_s)
+        assert all(triton[n].time_s == flash[n].time_s for n in flash if n != "attention")

@@ -51,6 +51,12 @@ class ComputeRuntime:
         0.6, gt=0, le=1, doc="kernels: fused (flash) attention forward, achieved / peak")
     attention_efficiency_backward: float = param(
         0.5, gt=0, le=1, doc="kernels: fused attention backward, achieved / peak")
+    triton_attention_slowdown_forward: float = param(
+        1.4, ge=1, doc="kernels: time of training.attention=triton's forward / flash's (Dao "
+        "2023, FlashAttention-2, sec. 4.1: FlashAttention-2 is 1.3-1.5x faster than "
+        "FlashAttention in Triton in the forward pass, A100)")
+    triton_attention_slowdown_backward: float = param(
+        2.0, ge=1, doc="kernels: ... backward (same source: about 2x in the backward pass)")
     hbm_efficiency: float = param(
         0.8, gt=0, le=1, doc="kernels: memory-bound kernels' achieved / nominal HBM bandwidth")
     kernel_gap_us: float = param(

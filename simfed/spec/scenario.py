@@ -77,9 +77,11 @@ class TrainingSpec:
         doc="gradient reduce-scatter / all-reduce dtype (empty: the model dtype); fp32 "
         "doubles the reduce bytes")
     attention: str = param(
-        "flash", choices=("flash", "eager"),
-        doc="attention kernel: flash (fused, e.g. SDPA's flash backend: no score matrix kept) "
-        "or eager (keeps the softmax output, heads x seq values per token per layer)")
+        "flash", choices=("flash", "triton", "eager"),
+        doc="attention kernel: flash (fused, e.g. SDPA's flash backend: no score matrix kept), "
+        "triton (llm-foundry's attn_impl: triton, HazyResearch's Triton FlashAttention: fused "
+        "like flash, slower by runtime.compute.triton_attention_slowdown_*) or eager (keeps the "
+        "softmax output, heads x seq values per token per layer)")
     cross_entropy: str = param(
         "pytorch", choices=("pytorch", "fused"),
         doc="pytorch: an fp32 copy and fp32 log-softmax of the logits (10 bytes per logit at "
