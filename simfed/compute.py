@@ -14,8 +14,9 @@ Two models, chosen by `runtime.compute.model`:
   - fused (flash) attention: its FLOPs (causal half) at `attention_efficiency_forward/backward`;
     llm-foundry's Triton FlashAttention (`training.attention: triton`) slower by
     `triton_attention_slowdown_forward/backward` (FlashAttention-2 paper, sec. 4.1).
-  - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k,
-    the MLP activation, two residual adds per layer; embedding gather, final norm and
+  - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k
+    (`model.position: rope`), q/k/v layout copies (not for the Triton kernel, which reads
+    strided views), the MLP activation, two residual adds per layer; embedding gather, final norm and
     cross-entropy over the logits on the root unit; FSDP1's cast of each unsharded gradient to
     the reduce dtype and its in-place pre-division before the reduce-scatter. Backward moves
     about twice the forward's bytes (reads the saved input and the output gradient, writes the
@@ -182,11 +183,16 @@ class ComputeModel:
             # scale+mask+softmax: write scores, read them, write probabilities (x2 backward)
             ks.append(self.memory_bound("softmax", 3.0 * 2 * h * s_ * t * (2 if bwd else 1)))
         act_elems = 3 * f if mdl.mlp == "swiglu" else 2 * f  # read gate, up; write product
-        fwd_bytes = {"rmsnorm x2": 2 * 2 * t * d * p, "rope q,k": 2 * t * (d + kv) * p,
-                     # q, k, v split from the fused projection into the attention kernel's
-                     # layout (read + write), and the attention output back
-                     "qkv layout": 2 * t * (d + 2 * kv) * p + 2 * t * d * p,
-                     "mlp activation": t * act_elems * p, "residual add x2": 2 * 3 * t * d * p}
+        fwd_bytes = {"rmsnorm x2": 2 * 2 * t * d * p}
+        if mdl.position == "rope":
+            fwd_bytes["rope q,k"] = 2 * t * (d + kv) * p
+        if self.attention != "triton":
+            # q, k, v split from the fused projection into the attention kernel's layout (read
+            # + write), and the attention output back. llm-foundry's Triton path passes strided
+            # views (split + einops rearrange; the kernel needs only the last dim contiguous):
+            # no copies (llmfoundry/models/layers/attention.py, v0.3.0)
+            fwd_bytes["qkv layout"] = 2 * t * (d + 2 * kv) * p + 2 * t * d * p
+        fwd_bytes |= {"mlp activation": t * act_elems * p, "residual add x2": 2 * 3 * t * d * p}
         for name, b in fwd_bytes.items():
             ks.append(self.memory_bound(name, b * (2.0 if bwd else 1.0)))
         if bwd:
@@ -209,8 +215,10 @@ class ComputeModel:
         t, d, v, p = self.tokens_per_gpu, mdl.hidden, mdl.vocab, mdl.dtype_nbytes
         bwd = direction == "backward"
         ks = self._gemms([("lm head", t, v, d)], direction)
-        # embedding gather (read rows, write activations) and final norm
-        ks.append(self.memory_bound("embedding", 2 * t * d * p * (2.0 if bwd else 1.0)))
+        # embedding gather (read rows, write activations; a learned position table: read it
+        # and the activations, write the sum) and final norm
+        emb = (2 + (3 if mdl.position == "learned" else 0)) * t * d * p
+        ks.append(self.memory_bound("embedding", emb * (2.0 if bwd else 1.0)))
         ks.append(self.memory_bound("final rmsnorm", 2 * t * d * p * (2.0 if bwd else 1.0)))
         # cross-entropy in fp32 over the logits: forward reads the bf16 logits and writes an
         # fp32 copy, log-softmax reads it and writes fp32 (p + 4 + 4 + 4 bytes per logit);

@@ -31,6 +31,10 @@ class ModelSpec:
     dtype: str = param("bf16", choices=("bf16", "fp16", "fp32"), doc="parameter dtype")
     rope_theta: float = param(500000.0, gt=0, doc="RoPE base (realrun only)")
     norm_eps: float = param(1e-5, gt=0, doc="RMSNorm epsilon (realrun only)")
+    position: str = param(
+        "rope", choices=("rope", "learned"),
+        doc="rope: rotary embedding on q and k in every layer (Llama); learned: a position "
+        "table added to the token embedding (GPT/MPT; simulator only: realrun builds RoPE)")
     mlp: str = param(
         "swiglu", choices=("swiglu", "gelu"),
         doc="swiglu: gate, up (d x f) and down (f x d), Llama; gelu: up (d x f) and down "
