@@ -49,12 +49,3 @@ def test_median_error_within_the_documented_claim(result):
 def test_errors_are_predicted_over_published(result):
     for r in result["cases"]:
         assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1.0)
-
-
-def test_collective_model_within_5_percent_of_the_published_points():
-    from simfed.calibration.published import collective_cases
-
-    rows = collective_cases()
-    assert rows, "validation/published/collectives.yaml has cases"
-    for r in rows:
-        assert abs(r["error"]) <= 0.05, r

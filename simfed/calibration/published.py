@@ -72,26 +72,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def collective_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
-    """Published NCCL bus bandwidths (`collectives.yaml`) against the NCCL model's."""
-    from ..collectives.nccl import bus_factor, nccl_model
-    from ..hardware import Hardware
-    from ..spec import load_scenario
+    """Published nccl-tests bus bandwidths (`collectives.yaml`: tables and single points) against
+    the NCCL model's, one row per published size from 1 MiB (simfed.collectives.published)."""
+    from ..collectives.published import compare
 
     path = folder / "collectives.yaml"
-    if not path.is_file():
-        return []
-    rows = []
-    for c in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("cases") or []:
-        scn = load_scenario(folder / c["scenario"])
-        model = nccl_model(Hardware.from_spec(scn.cluster, scn.runtime), scn.runtime.comm)
-        n = c["nodes"] * c["gpus_per_node"]
-        ch = model.best(c["op"], c["nbytes"], n, c["nodes"])
-        busbw = c["nbytes"] / ch.time_s * bus_factor(c["op"], n) / 1e9
-        rows.append({"name": c["name"], "algorithm": f"{ch.algorithm}/{ch.protocol}",
-                     "published_GBps": float(c["published_busbw_GBps"]),
-                     "predicted_GBps": busbw,
-                     "error": busbw / float(c["published_busbw_GBps"]) - 1.0})
-    return rows
+    return compare(path) if path.is_file() else []
 
 
 def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = None,
@@ -122,10 +108,10 @@ def print_published(res: dict[str, Any], console: Any) -> None:
         t.add_row(r["name"], r["set"], str(r["gpus"]), f"{r['published']:,.0f}",
                   f"{r['predicted']:,.0f}", f"{100 * r['error']:+.1f}%", f"{r['mfu']:.3f}", mem)
     console.print(t)
-    for c in res.get("collectives", []):
-        console.print(f"  collective {c['name']}: published {c['published_GBps']:.0f} GB/s bus "
-                      f"bandwidth, NCCL model {c['predicted_GBps']:.0f} ({c['algorithm']}, "
-                      f"{100 * c['error']:+.1f}%)", highlight=False)
+    if res.get("collectives"):
+        from ..collectives.published import print_comparison
+
+        print_comparison(res["collectives"], console)
     for name, s in res["summary"].items():
         console.print(f"  {name}: median |error| {100 * s['median_abs_error']:.1f}% over "
                       f"{s['cases']} cases; worst {s['worst']['name']} "

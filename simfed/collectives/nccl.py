@@ -8,8 +8,9 @@ enabled (algorithm, protocol) gets a time t = latency + S / algbw and NCCL runs 
 - ring (all ops): latency = base + (nsteps - nInter) x intraLat + nInter x interLat, nsteps =
   2(n-1) (all-reduce) or n-1, nInter = 2(N-1) or N-1: each hop is charged by its link class.
   Bus bandwidth: the ring's slowest link class (NVLink egress, or the node's rails that carry its
-  ring traffic) x that class's efficiency; LL halves it (capped at llMaxBw), LL128 takes 0.92 of
-  it (capped per channel).
+  ring traffic) x that class's efficiency; LL takes the release's share of it (v2.18-v2.20: 1/4
+  for all-reduce or across nodes, 1/3 otherwise; from v2.22: 1/2; capped at llMaxBw), LL128 0.92
+  (0.7 with one GPU per node before v2.23; capped per channel).
 - tree (all-reduce across nodes): latency = base + 2((q-1) intraLat + log2(N) interLat); bus
   bandwidth 0.92 x the link's (capped per channel), algbw = busbw / 2.
 - PAT (all-gather, reduce-scatter with one GPU per node, NCCL >= 2.23): latency = base +
@@ -113,6 +114,13 @@ class NcclModel:
         ar = op == "all_reduce"
         nsteps = 2 * (n - 1) if ar else n - 1
         n_inter = 0 if nodes <= 1 else (2 * (nodes - 1) if ar else nodes - 1)
+        ll_max = arch["ll_max_bw_GBps"] * 1e9
+        if gpu_arch(self.hw.gpu_name) == "hopper" and "ll_max_bw_hopper_GBps" in c:
+            ll_max = c["ll_max_bw_hopper_GBps"] * 1e9
+        # ring LL's share of the link by release (tuning.cc; nccl_tuning.yaml ring_ll_factor)
+        ll = c.get("ring_ll_factor", {"allreduce_or_multinode": 0.5, "other": 0.5})
+        ll_factor = ll["allreduce_or_multinode" if ar or nodes > 1 else "other"]
+        ll128_factor = 0.92 if q >= 2 else c.get("ring_ll128_ppn1_factor", 0.92)
         out: list[Choice] = []
         for pi, proto in enumerate(PROTOCOLS):
             if proto not in self.protocols:
@@ -124,9 +132,10 @@ class NcclModel:
                 lat = base["ring"][pi] + (nsteps - n_inter) * intra + n_inter * inter
                 bus = ring_bw
                 if proto == "LL":
-                    bus = min(arch["ll_max_bw_GBps"] * 1e9, bus * 0.5)
+                    bus = min(ll_max, bus * ll_factor)
                 elif proto == "LL128":
-                    bus = min(bus * 0.92, self.channels * arch["ring_ll128_per_ch_GBps"] * 1e9)
+                    bus = min(bus * ll128_factor,
+                              self.channels * arch["ring_ll128_per_ch_GBps"] * 1e9)
                 out.append(self._choice("ring", proto, lat, bus / bus_factor(op, n), nbytes))
             # ---- tree: all-reduce across nodes ----
             if "tree" in self.algorithms and ar and nodes > 1:
@@ -135,7 +144,7 @@ class NcclModel:
                 lat = base["tree"][pi] + 2 * ((q - 1) * intra + math.log2(nodes) * inter)
                 bus = min(ring_bw * 0.92, self.channels * arch["tree_per_ch_GBps"] * 1e9)
                 if proto == "LL":
-                    bus = min(bus / 3.8, arch["ll_max_bw_GBps"] * 1e9)
+                    bus = min(bus / 3.8, ll_max)
                 elif proto == "LL128":
                     bus = bus * 120.0 / 128.0
                 out.append(self._choice("tree", proto, lat, bus * 0.5, nbytes))
