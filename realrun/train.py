@@ -379,7 +379,9 @@ class Trainer:
         acts = [torch.profiler.ProfilerActivity.CPU]
         if self.placement.device.type == "cuda":
             acts.append(torch.profiler.ProfilerActivity.CUDA)
-        prof = torch.profiler.profile(activities=acts, record_shapes=False)
+        # shapes ("Input Dims", "Input type") for `simfed calibrate`'s per-operator fit
+        # (simfed.calibration.profiler): GEMM shapes, bytes of memory-bound ops
+        prof = torch.profiler.profile(activities=acts, record_shapes=True)
         prof.__enter__()
         return prof
 

@@ -202,8 +202,10 @@ def schema(as_json: bool, resolved: bool) -> None:
 def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool, draws: int,
               out: Path, report: Path | None) -> None:
     """Fit a cluster profile to measurements: realrun bench folders, realrun traces (.jsonl),
-    PyTorch profiler Chrome traces (.json, NCCL kernels); or, with --convergence, a convergence
-    profile to `realrun converge-study` measurements."""
+    PyTorch profiler Chrome traces (.json, .json.gz: NCCL kernels, and with record_shapes the
+    operators' times for the kernel model's efficiencies; a realrun run folder's
+    profile_rank*.json are read too); or, with --convergence, a convergence profile to
+    `realrun converge-study` measurements."""
     import json
 
     from .calibration import calibrate as fit
@@ -225,6 +227,10 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
     scn = load_scenario(scenario)
     samples = read_inputs(list(inputs), scn.cluster.node.gpus)
     profile, rep = fit(scn, samples)
+    if samples.ops:  # torch.profiler traces with shapes: the kernel model's efficiencies
+        from .calibration.profiler import apply_to_profile
+
+        apply_to_profile(scn, samples.ops, profile, rep)
     write_profile(out, profile, header=f"simfed calibrate for {scn.name} from "
                   + ", ".join(str(i) for i in inputs))
     report = report or out.with_suffix(".json")

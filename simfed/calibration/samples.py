@@ -103,6 +103,8 @@ class Samples:
     drifts: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)  # backend facts (impl, overlap)
     sources: list[str] = field(default_factory=list)
+    # per-operator samples of torch.profiler traces with shapes (simfed.calibration.profiler)
+    ops: list[Any] = field(default_factory=list)
 
     # how unevenly ranks run (cases measured in the run's layout): pooled over re-benchmarks
     POOLED = ("compute_beside", "loops", "drifts", "sources")
@@ -331,13 +333,15 @@ def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
 @_malformed_is_bad_input
 def read_chrome(path: Path, gpus_per_node: int) -> Samples:
     """NCCL kernels from a PyTorch profiler Chrome trace: args 'Collective name',
-    'In msg nelems' / 'Out msg nelems', 'dtype', 'Group size', 'Process Group Ranks'."""
-    try:
-        data = json.loads(read_text(path, "calibrate", MAX_DATA_BYTES))
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"calibrate: {path} is not valid JSON (line {exc.lineno})") from None
-    events = data.get("traceEvents", data) if isinstance(data, dict) else data
+    'In msg nelems' / 'Out msg nelems', 'dtype', 'Group size', 'Process Group Ranks'; and,
+    when it has shapes (record_shapes), its per-operator samples (calibration.profiler)."""
+    from .profiler import is_profiler_trace, load_trace, op_samples, trace_events
+
+    data = load_trace(path)  # .json or .json.gz
+    events = trace_events(data)
     out = Samples(sources=[str(path)])
+    if is_profiler_trace(events):
+        out.ops += op_samples(data, str(path))
     kernels = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
                and "Collective name" in (e.get("args") or {})]
     gpu = [e for e in kernels if str(e.get("cat", "")).lower() in ("kernel", "gpu", "cuda")]
@@ -364,6 +368,14 @@ def read_chrome(path: Path, gpus_per_node: int) -> Samples:
     return out
 
 
+@_malformed_is_bad_input
+def read_profile_ops(path: Path) -> Samples:
+    """Only the per-operator samples of a torch.profiler trace."""
+    from .profiler import read_profiler
+
+    return Samples(ops=read_profiler(path), sources=[str(path)])
+
+
 def read_inputs(paths: list[Path], gpus_per_node: int) -> Samples:
     """Any mix of bench folders/summaries, realrun traces (.jsonl) and Chrome traces (.json)."""
     out = Samples()
@@ -375,18 +387,21 @@ def read_inputs(paths: list[Path], gpus_per_node: int) -> Samples:
                 out.extend(read_bench(p))
                 continue
             traces = sorted(p.glob("trace_rank*.jsonl"))
-            if not traces:
+            profiles = sorted([*p.glob("profile_rank*.json"), *p.glob("profile_rank*.json.gz")])
+            if not traces and not profiles:
                 raise SpecError(f"calibrate: {p} holds neither {BENCH_SUMMARY} nor "
-                                "trace_rank*.jsonl")
+                                "trace_rank*.jsonl nor profile_rank*.json")
             for t in traces:
                 out.extend(read_realrun_trace(t, gpus_per_node))
+            for t in profiles:  # `realrun run --profile-steps`: torch.profiler traces' operators
+                out.extend(read_profile_ops(t))  # (collectives: from trace_rank*.jsonl)
         elif p.name == BENCH_SUMMARY:
             out.extend(read_bench(p))
         elif p.suffix == ".jsonl":
             out.extend(read_realrun_trace(p, gpus_per_node))
-        elif p.suffix == ".json":
+        elif p.suffix == ".json" or p.name.endswith(".json.gz"):
             out.extend(read_chrome(p, gpus_per_node))
         else:
             raise SpecError(f"calibrate: {p}: expected a bench folder, a .jsonl realrun trace "
-                            "or a .json Chrome trace")
+                            "or a .json (.json.gz) Chrome trace")
     return out
