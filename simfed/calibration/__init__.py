@@ -126,6 +126,10 @@ def calibrate(scn: Scenario, samples: Samples, fits: list[FitResult] | None = No
     if v is not None:
         runtime.setdefault("shared_cores", {})["group_drift_ms_per_sqrt_s"] = round(v, 3)
         note("runtime.shared_cores.group_drift_ms_per_sqrt_s", drift, "group_drift_ms_per_sqrt_s")
+    v = _val(comm, "core_stack_Gbps")  # a host core's network stack (simfed.contention)
+    if v is not None:
+        runtime.setdefault("shared_cores", {})["core_stack_Gbps"] = round(v, 5)
+        note("runtime.shared_cores.core_stack_Gbps", comm, "core_stack_Gbps")
 
     # ---- compute: rate = peak x efficiency; the peak moves up if measured faster
     rates = {ph: _val(units, f"{ph}_flops_per_s") for ph in ("forward", "backward")}

@@ -12,12 +12,14 @@ import numpy as np
 from scipy import optimize
 
 from ..collectives import collective_impl
+from ..contention.shared_cores import core_stack_s
 from ..hardware import Hardware
 from ..network.geometry import ring_load
 from ..network.links import NIC, NVLINK, SWITCH
+from ..spec.cluster import node_cores
 from ..spec.scenario import Scenario
 from .result import MIN_REL_SCATTER, FitResult, Param, ci95, covariance, unidentified
-from .samples import Samples
+from .samples import CommSample, Samples
 
 # ---- collectives -------------------------------------------------------------------------------
 
@@ -37,6 +39,10 @@ class _CommFeature:
     ranks_per_core: float = 1.0  # host work per byte is shared out over the cores
 
     pair: bool = False  # a ring of two ranks
+    # most nodes with ranks in the collective that one host core carries (CPU testbeds: a
+    # core hosting two nodes' ranks runs both nodes' network stacks)
+    core_nodes: int = 1
+    rate_scale: float = 1.0  # the scenario's link rate over the sample's
 
     @property
     def domain(self) -> str:
@@ -45,10 +51,27 @@ class _CommFeature:
         return ("inter" if self.inter else "intra") + ("_pair" if self.pair else "")
 
 
+def core_nodes(s: CommSample, cpu: int, host: int) -> int:
+    """Most nodes with ranks in sample `s` that one host core carries, each node's ranks on
+    its `cpu` of the `host` cores (`node_cores`; 1 off a testbed)."""
+    if host <= 0:
+        return 1
+    on_core: dict[int, set[int]] = {}
+    for inst in s.instances:
+        for r in inst:
+            node = r // s.gpus_per_node
+            for c in node_cores(node, cpu, host):
+                on_core.setdefault(c, set()).add(node)
+    return max((len(v) for v in on_core.values()), default=1)
+
+
 def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_CommFeature]:
     base = Hardware.from_spec(scn.cluster, scn.runtime)
     impl = collective_impl(impl_name)
     feats = []
+    # the host cores the benchmarks ran on (recorded by the bench; else the scenario's)
+    cpu = scn.cluster.node.cpu_cores
+    host = int(samples.meta.get("host_cores") or scn.cluster.host_cores)
     for s in samples.comm:
         # the geometry the sample was measured on (ranks per node, nodes), the scenario's links
         nodes = -(-s.world // s.gpus_per_node)
@@ -81,7 +104,8 @@ def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_Com
                     sw = max(sw, d * e_bytes)
         feats.append(_CommFeature(steps, inter, len(phases), nv, nic, sw, s.time_s, s.label,
                                   s.op, ring, s.link_Gbps, s.ranks_per_core,
-                                  pair=bool(phases) and all(ph.pair for ph in phases)))
+                                  pair=bool(phases) and all(ph.pair for ph in phases),
+                                  core_nodes=core_nodes(s, cpu, host), rate_scale=rate_scale))
     return feats
 
 
@@ -113,6 +137,10 @@ def fit_comm(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> Fi
     # samples at two or more link rates: then every op gets one across nodes
     rates = {f.link_Gbps for f in feats if f.inter}
     host_ops = sorted({f.op for f in feats if f.inter}) if len(rates) > 1 else []
+    # a host core that carries the ranks of several nodes runs all their network stacks
+    # (veth, TCP): their flows share its capacity (`SharedCores.core_stack_s`); identifiable
+    # only where some samples put more than one node's flows on a core
+    stacked = any(f.inter and f.core_nodes > 1 for f in feats)
     # a leaf switch's aggregate capacity is identifiable only if some samples load it harder
     # (more nodes sending at once) than others
     # (more nodes sending at once) than others, and only of a switch the scenario has: a
@@ -128,13 +156,17 @@ def fit_comm(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> Fi
     x0 = np.array([1e-5, 1e-5, 1e-5, 1 / (n.nvlink.bw_GBps * 1e9), 8 / (n.nics.bw_Gbps * 1e9),
                    # start the switch where it binds (twice a node's rate), or max() hides it
                    0.5 * 8 / (n.nics.bw_Gbps * 1e9)] + [1.0] * len(others)
-                  + [2e-9] * len(host_ops))
+                  + [2e-9] * len(host_ops)
+                  # start the core where it binds for two nodes' flows (at the kink of max()
+                  # the slope is 0 and the fit would not move it)
+                  + [0.75 * 8 / (n.nics.bw_Gbps * 1e9)] * stacked)
     free = [True, has_intra, has_inter, has_intra, has_inter, has_switch] \
-        + [True] * len(others) + [True] * len(host_ops)
+        + [True] * len(others) + [True] * len(host_ops) + [True] * stacked
     if not has_switch:
         x0[5] = 0.0
     slow_ix = {o: 6 + i for i, o in enumerate(others)}
     host_ix = {o: 6 + len(others) + i for i, o in enumerate(host_ops)}
+    core_ix = 6 + len(others) + len(host_ops) if stacked else -1
 
     def model(x: np.ndarray, f: _CommFeature) -> float:
         """Launches and hops, host work, bytes on the links: gloo does its host work between
@@ -145,6 +177,9 @@ def fit_comm(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> Fi
         slow = x[slow_ix[key]] if key in slow_ix else 1.0
         host = (x[host_ix[f.op]] * f.ring_bytes * f.ranks_per_core
                 if f.inter and f.op in host_ix else 0.0)
+        if f.inter and core_ix >= 0:  # as `SharedCores.core_stack_s`
+            host += core_stack_s(f.ring_bytes, f.core_nodes, x[core_ix],
+                                 x[4] * f.rate_scale)
         wire = slow * max(f.nv_bytes * x[3], f.nic_bytes * x[4], f.sw_bytes * x[5])
         return f.phases * x[0] + f.steps * hop + host + wire
 
@@ -159,6 +194,8 @@ def fit_comm(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> Fi
     }
     for (op, dom), i in slow_ix.items():  # factor = 1 / slowdown
         conv[i] = (f"bw_factor_{op}_{dom}", lambda v: 1.0 / v, lambda v: -1.0 / v**2, "")
+    if core_ix >= 0:  # s per byte -> Gb/s
+        conv[core_ix] = ("core_stack_Gbps", lambda v: 8e-9 / v, lambda v: -8e-9 / v**2, "Gbps")
     for op, i in host_ix.items():  # s per byte -> us per MB
         conv[i] = (f"host_us_per_MB_{op}_inter", lambda v: v * 1e12, lambda v: 1e12, "us/MB")
     rt = scn.runtime.comm
@@ -197,6 +234,11 @@ def fit_comm(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> Fi
                 shared = getattr(scn.runtime, "shared_cores", None)
                 v = shared.host_s_per_byte(op, False) if shared is not None else 0.0
                 return v, f"host work {v * 1e12:g} us/MB"
+        if i == core_ix:
+            shared = getattr(scn.runtime, "shared_cores", None)
+            cap = shared.core_stack_Gbps if shared is not None else 0.0
+            return (8e-9 / cap if cap > 0 else 0.0), \
+                f"runtime.shared_cores.core_stack_Gbps {cap:g}" + (" (none)" if not cap else "")
         raise AssertionError(i)
 
     def solve(idx: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -250,6 +292,10 @@ def fit_comm(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> Fi
                             for f in feats)
                 if not binds:
                     why = "no sample loads the switch beyond its links' own rates"
+            if i == core_ix and not why and not any(
+                    core_stack_s(f.ring_bytes, f.core_nodes, x[i], x[4] * f.rate_scale) > 0
+                    for f in feats if f.inter):
+                why = "no sample's core carries its nodes' flows slower than their links"
             if why:
                 half = (p.ci95[1] - p.ci95[0]) / 2 / max(abs(v), 1e-300)
                 cands.append((half if math.isfinite(half) else math.inf, i, p, why))

@@ -15,7 +15,12 @@ key of `runtime.shared_cores` (`simfed.spec.shared_cores`):
 - group_drift: federation groups on cores of their own drift apart between FedAvg rounds as a
   random walk (group_drift_ms_per_sqrt_s), which the FedAvg all-reduce waits for;
 - host_work: a collective's host work per byte (copies, reductions, the kernel's network stack),
-  times the ranks sharing a core, added to each phase's wire time.
+  times the ranks sharing a core, added to each phase's wire time;
+- core_stack: a host core that carries the ranks of several nodes runs all their network stacks
+  (veth, TCP), so their flows share its capacity (core_stack_Gbps): a collective across nodes
+  whose ranks' nodes share cores moves its bytes at the lower of the link's rate and the core's
+  share (`core_stack_s`). With one node per core the link binds first; with two (4 nodes of one
+  rank on 2 cores) the core can.
 
 How busy the out-of-step ranks are depends on the collectives they slow, so `simulate` iterates
 the run to a fixed point of each actor's busy share (3-4 passes).
@@ -48,6 +53,18 @@ class SharedCores(HostContention):
         self.comm_cv = spec.comm_cv_on
         self.group_drift_s = spec.group_drift_s_per_sqrt_s
         self.host_work = bool(spec.host_work and spec.host_us_per_MB)
+        # most nodes one host core carries (every node's ranks take part in training's
+        # collectives across nodes), and the core's network-stack time per byte
+        per_core: dict[int, int] = defaultdict(int)
+        for cores in hw.node_cores:
+            for c in cores:
+                per_core[c] += 1
+        self.core_nodes = max(per_core.values(), default=1)
+        self.core_s_per_byte = (8e-9 / spec.core_stack_Gbps
+                                if spec.core_stack and spec.core_stack_Gbps > 0
+                                and self.core_nodes > 1 else 0.0)
+        rate = hw.rail_Bps * hw.nic_efficiency
+        self.link_s_per_byte = 1.0 / rate if rate > 0 else 0.0
         self.ranks_per_core = hw.ranks_per_core
         # per (kind, actor), the actors of ranks out of step with it on its cores
         out_of_step = (self.comm_slowdown, self.comm_cv, self.compute_slowdown, self.compute_cv)
@@ -60,7 +77,8 @@ class SharedCores(HostContention):
         self.out_of_step = [self._mates_busy({b for (_k, a), m in self.core_mates.items()
                                               if a == actor.index for b in m})
                             for actor in part.actors]
-        self.active = bool(self.core_mates or self.drifting or self.host_work)
+        self.active = bool(self.core_mates or self.drifting or self.host_work
+                           or self.core_s_per_byte)
 
     def with_busy(self, busy: dict[int, float]) -> SharedCores:
         """The same model for a pass whose out-of-step ranks are busy these shares of the run."""
@@ -123,9 +141,13 @@ class SharedCores(HostContention):
         return 1.0 + self.compute_slowdown * self.out_of_step[actor]
 
     def collective_host_s(self, op: str, intra: bool, ring_bytes: float) -> float:
-        if not self.host_work:
-            return 0.0
-        return ring_bytes * self.spec.host_s_per_byte(op, intra) * self.ranks_per_core
+        host = 0.0
+        if self.host_work:
+            host = ring_bytes * self.spec.host_s_per_byte(op, intra) * self.ranks_per_core
+        if self.core_s_per_byte and not intra:
+            host += core_stack_s(ring_bytes, self.core_nodes, self.core_s_per_byte,
+                                 self.link_s_per_byte)
+        return host
 
     def extra_collective_s(self, pg: str, comp: int, solo_s: float) -> float:
         """Time a collective of a component loses to out-of-step ranks on its ranks' cores:
@@ -210,6 +232,17 @@ class _Arrivals:
                 self.since_met[k] = var if k == pg else self.since_met[k] + var
         if pg in self.last_met:
             self.last_met[pg] = end
+
+
+def core_stack_s(ring_bytes: float, core_nodes: float, core_s_per_byte: float,
+                 link_s_per_byte: float) -> float:
+    """What a collective phase across nodes loses to the host core's network stack: each of
+    its ranks moves `ring_bytes` over its node's link, and a core carrying `core_nodes` nodes
+    moves all their flows' bytes at `core_s_per_byte`; beyond the link's own time the core
+    binds. (The calibration fits `core_s_per_byte` with this same function.)"""
+    if core_nodes <= 1 or core_s_per_byte <= 0:
+        return 0.0
+    return max(0.0, ring_bytes * (core_nodes * core_s_per_byte - link_s_per_byte))
 
 
 def busy_share(sim: Simulation, actor: int) -> float:

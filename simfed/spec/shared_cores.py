@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .ops import OPS
 from .schema import SpecError, param
 
-MECHANISMS = ("slowdown", "spread", "group_drift", "host_work")
+MECHANISMS = ("slowdown", "spread", "group_drift", "host_work", "core_stack")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +56,14 @@ class SharedCoresSpec:
         "the link rate (CPU ranks: copies, reductions, the kernel's network stack on the node's "
         "cores), times the ranks sharing a core; added to the wire time (gloo does it between "
         "its transfers); a number, or {intra: t, inter: t}; missing: 0")
+
+    # ---- a host core's network stack shared by the nodes it carries
+    core_stack: bool = param(True, doc="switch: collectives across nodes pay core_stack_Gbps")
+    core_stack_Gbps: float = param(
+        0.0, ge=0, doc="what one host core's network stack (veth, TCP) moves for all the "
+        "nodes' flows it carries; a collective across nodes whose nodes share cores moves its "
+        "bytes at the lower of the link's rate and the core's share (`realrun bench` on 4 nodes "
+        "of one rank over 2 cores); 0: never binds")
 
     def __post_init__(self) -> None:
         from .runtime import DOMAINS  # the per-op table's domains, as runtime.comm's

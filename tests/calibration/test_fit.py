@@ -424,3 +424,48 @@ def test_group_drift_is_a_random_walk_pooled_over_the_drift_cases(tmp_path):
     assert not fit_group_drift(Samples()).params
     # a re-benchmark's drift cases join the first bench's
     assert len(samples.refreshed(read_bench(tmp_path)).drifts) == 4
+
+
+PINNED = {"cluster.host_cores": 2, "cluster.node.cpu_cores": 1, "cluster.node.nics.bw_Gbps": 0.4}
+FOUR_BY_ONE = {"cluster.nodes": 4, "cluster.node.gpus": 1}
+
+
+def _core_samples(truth: dict, layouts: tuple[str, ...]) -> Samples:
+    """Collectives across nodes timed by the simulator with `truth`: on 2 nodes of 2 ranks
+    (one node a host core) and/or on 4 nodes of 1 rank over 2 cores (two nodes a core)."""
+    out = Samples(sources=["synthetic"], meta={"host_cores": 2})
+    cases = {"2x2": ({}, 2, (("hsdp", "replicate", ((0, 2), (1, 3))),
+                             ("fsdp", "shard", ((0, 1, 2, 3),)))),
+             "4x1": (FOUR_BY_ONE, 1, (("fsdp", "shard", ((0, 1, 2, 3),)),))}
+    for layout in layouts:
+        over, per_node, groups = cases[layout]
+        for alg, pg, inst in groups:
+            for op in ("all_gather", "all_reduce"):
+                for nbytes in (65_536, 1_048_576, 8_388_608):
+                    out.comm.append(CommSample(
+                        op=op, instances=inst, nbytes=nbytes, world=4, gpus_per_node=per_node,
+                        time_s=_time_at({**truth, **PINNED, **over}, 0.4, op, pg, nbytes, alg),
+                        source="synthetic", label=f"{layout} {op} {alg}-{pg} {nbytes}"))
+    return out
+
+
+def test_a_cores_network_stack_is_fitted_where_a_core_carries_two_nodes():
+    """core_stack_Gbps (0.6: two nodes' flows of 0.4 Gb/s each on one core move at 0.3): the
+    4x1 layout's collectives across nodes identify it; the 2x2 layout alone (one node a core)
+    cannot, and without it nothing is fitted."""
+    truth = {**TRUE, "runtime.shared_cores.core_stack_Gbps": 0.6}
+    scn = load_scenario(TINY, PINNED)
+    res = fit_comm(scn, _core_samples(truth, ("2x2", "4x1")))
+    got = {p.name: p for p in res.params}
+    assert got["core_stack_Gbps"].value == pytest.approx(0.6, rel=1e-2)
+    assert got["nic_bw_Gbps"].value == pytest.approx(0.4, rel=1e-2)
+    assert res.rms_rel_error < 1e-3
+    assert "core_stack_Gbps" not in {p.name for p in fit_comm(
+        scn, _core_samples(truth, ("2x2",))).params}
+    # no core effect in the samples: the core never binds, and it is not used
+    plain = fit_comm(scn, _core_samples(TRUE, ("2x2", "4x1")))
+    assert "core_stack_Gbps" not in {p.name for p in plain.params}
+    assert "core_stack_Gbps" in plain.not_used
+    # the profile carries it to the simulator
+    prof, _ = calibrate(scn, _core_samples(truth, ("2x2", "4x1")))
+    assert prof["runtime"]["shared_cores"]["core_stack_Gbps"] == pytest.approx(0.6, rel=1e-2)

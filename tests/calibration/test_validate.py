@@ -254,3 +254,38 @@ def test_host_drift_is_the_pooled_spread_of_the_rebenched_compute_speed():
               shape("d", 9e9, {"training.micro_batch": 8})]
     assert _host_drift(TINY, scn, shapes) == pytest.approx(math.log(2), rel=1e-3)
     assert _host_drift(TINY, scn, shapes[:2]) == 0.0  # one degree of freedom: no estimate
+
+
+def test_rebenches_of_one_compute_configuration_are_pooled_by_their_median():
+    """The shapes' re-benchmarks of one layout, model and micro-batch (1, 2 and 4 GFLOP/s)
+    predict each of them at their median (2 GFLOP/s), sample by sample; another micro-batch
+    keeps its own; each shape's own cases (loops, drifts) stay its own, and the host-speed
+    spread still comes from the re-benchmarks one by one."""
+    import math
+
+    from simfed.calibration.samples import Samples, UnitSample
+    from simfed.calibration.validate import _host_drift, _pool_rebenches, _Shape
+    from simfed.spec.scenario import ValidationShape
+
+    def units(rate: float) -> list[UnitSample]:
+        return [UnitSample(phase=ph, flops=f, time_s=f / rate, source="s")
+                for ph in ("forward", "backward") for f in (1e8, 4e8)]
+
+    def shape(name: str, rate: float, sets: dict) -> _Shape:
+        fresh = Samples(units=units(rate), loops=[{"name": name}], sources=[name])
+        return _Shape("check", ValidationShape(name=name, set=sets), sets, ["fsdp"],
+                      Samples(), fresh)
+
+    base = Samples(units=units(0.5e9), sources=["base"])
+    shapes = [shape("a", 1e9, {}), shape("b", 4e9, {}), shape("c", 2e9, {}),
+              shape("d", 9e9, {"training.micro_batch": 8})]
+    _pool_rebenches(TINY, base, shapes)
+    for sh in shapes[:3]:
+        assert [u.time_s for u in sh.samples.units] == pytest.approx(
+            [u.time_s for u in units(2e9)])
+        assert sh.samples.loops == [{"name": sh.shape.name}]
+        assert sh.samples.sources == ["base", sh.shape.name]
+    assert [u.time_s for u in shapes[3].samples.units] == pytest.approx(
+        [u.time_s for u in units(9e9)])
+    assert [u.time_s for u in base.units] == pytest.approx([u.time_s for u in units(0.5e9)])
+    assert _host_drift(TINY, load_scenario(TINY), shapes) == pytest.approx(math.log(2), rel=1e-3)

@@ -179,7 +179,8 @@ def test_groups_on_cores_of_their_own_drift_apart_until_fedavg():
 ALL_ON = {"runtime.shared_cores.comm_slowdown": 0.3, "runtime.shared_cores.comm_cv": 0.05,
           "runtime.shared_cores.compute_slowdown": 0.15, "runtime.shared_cores.compute_cv": 0.2,
           "runtime.shared_cores.group_drift_ms_per_sqrt_s": 60.0,
-          "runtime.shared_cores.host_us_per_MB": {"all_reduce": 3000.0, "all_gather": 500.0}}
+          "runtime.shared_cores.host_us_per_MB": {"all_reduce": 3000.0, "all_gather": 500.0},
+          "runtime.shared_cores.core_stack_Gbps": 0.6}
 
 
 @pytest.mark.parametrize("switch, coefficients", [
@@ -187,6 +188,7 @@ ALL_ON = {"runtime.shared_cores.comm_slowdown": 0.3, "runtime.shared_cores.comm_
     ("spread", ("comm_cv", "compute_cv")),
     ("group_drift", ("group_drift_ms_per_sqrt_s",)),
     ("host_work", ("host_us_per_MB",)),
+    ("core_stack", ("core_stack_Gbps",)),
 ])
 def test_each_mechanism_has_its_own_switch(switch, coefficients):
     """runtime.shared_cores.<switch>: false turns one mechanism off and keeps its fitted
@@ -214,3 +216,32 @@ def test_no_section_no_contention_model():
     for name in ("testbed.yaml", "512gpu.yaml"):
         scn = load_scenario(SCENARIOS / name, {"training.steps": 2})
         assert _sim(scn, "fl_fsdp").contention is NO_CONTENTION
+
+
+def test_core_stack_binds_only_where_a_core_carries_several_nodes():
+    """core_stack_Gbps: a core's network stack shared by the nodes it carries. 4 nodes of one
+    rank on 2 cores (2 nodes a core) at 0.5 Gb/s: FSDP's collectives across nodes move their
+    ring bytes at 0.6 / 2 = 0.3 Gb/s instead of the link's 0.5 (the link's time grows by
+    0.5 / 0.3); at 0.25 Gb/s (2 x 0.25 < 0.6) and on 2 nodes of 2 ranks (one node a core) the
+    link binds and nothing changes."""
+    from simfed.contention.shared_cores import core_stack_s
+
+    assert core_stack_s(1e6, 2, 8 / 0.6e9, 8 / 0.5e9) == pytest.approx(
+        1e6 * (2 * 8 / 0.6e9 - 8 / 0.5e9))
+    assert core_stack_s(1e6, 1, 8 / 0.6e9, 8 / 0.5e9) == 0.0
+    assert core_stack_s(1e6, 2, 8 / 0.6e9, 8 / 0.25e9) == 0.0
+
+    def fsdp(over, rate):
+        scn = load_scenario(SCENARIOS / "testbed.yaml", {
+            **over, "runtime.comm.overlap_compute": False, "cluster.host_cores": 2,
+            "cluster.node.nics.bw_Gbps": rate})
+        return simulate_algorithm(scn, scn.algorithm("fsdp")).result
+
+    four = {k: v for k, v in FOUR.items() if k != "runtime.comm.overlap_compute"}
+    core = {"runtime.shared_cores.core_stack_Gbps": 0.6}
+    plain, slow = fsdp(four, 0.5), fsdp({**four, **core}, 0.5)
+    wire = plain["exposed_comm_s"]
+    assert slow["exposed_comm_s"] > 1.2 * wire
+    assert slow["exposed_comm_s"] < wire * 0.5 / 0.3 * 1.05
+    assert fsdp({**four, **core}, 0.25) == fsdp(four, 0.25)
+    assert fsdp(core, 0.5) == fsdp({}, 0.5)
