@@ -51,6 +51,7 @@ measured).
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import math
@@ -285,6 +286,28 @@ def _forest(ops: list[dict[str, Any]]) -> list[_Node]:
     return nodes
 
 
+class _Enclosing:
+    """The innermost operator whose span holds an event, on the event's thread."""
+
+    def __init__(self, nodes: list[_Node]):
+        self.by_thread: dict[tuple, list[_Node]] = defaultdict(list)
+        for n in nodes:  # _forest's order: by start within each thread
+            self.by_thread[(n.e.get("pid"), n.e.get("tid"))].append(n)
+        self.starts = {k: [float(n.e["ts"]) for n in v] for k, v in self.by_thread.items()}
+
+    def innermost(self, e: dict[str, Any]) -> _Node | None:
+        key = (e.get("pid"), e.get("tid"))
+        if key not in self.starts:
+            return None
+        t = float(e["ts"])
+        i = bisect.bisect_right(self.starts[key], t) - 1
+        n = self.by_thread[key][i] if i >= 0 else None
+        # the last operator to start before t is the innermost one around t or inside it
+        while n is not None and _end(n.e) < t:
+            n = n.parent
+        return n
+
+
 def _end(e: dict[str, Any]) -> float:
     return float(e["ts"]) + float(e.get("dur", 0))
 
@@ -334,14 +357,28 @@ def op_samples(data: Any, source: str) -> list[OpSample]:
     props = data.get("deviceProperties", []) if isinstance(data, dict) else []
     dev_names = {int(p["id"]): str(p.get("name", f"cuda:{p['id']}")) for p in props
                  if isinstance(p, dict) and "id" in p}
-    # kernels by the External id of the CPU operator that launched them
+    nodes = _forest(ops)
+    # kernels by the External id of the CPU operator that launched them; where a kernel's
+    # External id names no operator (traces whose kernels carry their launch's own id), its
+    # launch (the cuda_runtime / cuda_driver event with its "correlation") and the innermost
+    # operator around that launch on its thread
+    op_ids = {int(n.e["args"]["External id"]) for n in nodes
+              if "External id" in (n.e.get("args") or {})}
+    launches = {int(e["args"]["correlation"]): e for e in events
+                if str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver")
+                and "correlation" in (e.get("args") or {})}
+    around = _Enclosing(nodes)
     launched: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for k in kernels:
-        ext = (k.get("args") or {}).get("External id")
-        if ext is not None:
+        a = k.get("args") or {}
+        ext = a.get("External id")
+        if ext is not None and int(ext) in op_ids:
             launched[int(ext)].append(k)
+        elif "correlation" in a and int(a["correlation"]) in launches:
+            op = around.innermost(launches[int(a["correlation"])])
+            if op is not None and "External id" in (op.e.get("args") or {}):
+                launched[int(op.e["args"]["External id"])].append(k)
     gpu = bool(kernels)
-    nodes = _forest(ops)
     groups: dict[tuple, list[float]] = defaultdict(list)
     facts: dict[tuple, dict[str, Any]] = {}
     # the trace's attention is causal if its forward says so (for backward operators whose

@@ -33,6 +33,7 @@ from simfed.calibration.profiler import (
     PARAMS,
     OpSample,
     fit_scenario,
+    op_samples,
     pooled,
     predict_for,
     read_profiler,
@@ -132,6 +133,25 @@ def test_calibrate_writes_the_identified_efficiencies_with_provenance(tmp_path):
     # the profile runs: its values reach the scenario's kernel model
     scn = load_scenario(H100, profile=out)
     assert scn.runtime.compute.gemm_efficiency == compute["gemm_efficiency"]
+
+
+def test_a_kernel_carrying_its_launchs_id_is_linked_through_the_launch():
+    """Some traces (e.g. HolisticTraceAnalysis' tests/data/trace_filter/sampled_rank-0.json.gz)
+    give a kernel and its cudaLaunchKernel the launch's correlation as "External id", not the
+    operator's: the kernel belongs to the innermost operator around its launch."""
+    mm = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100.0,
+          "dur": 30.0, "args": {"External id": 5, "Input Dims": [[64, 32], [32, 16]],
+                                "Input type": ["float", "float"]}}
+    outer = {**mm, "name": "aten::matmul", "ts": 90.0, "dur": 50.0,
+             "args": {"External id": 4, "Input Dims": [[64, 32], [32, 16]],
+                      "Input type": ["float", "float"]}}
+    launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+              "ts": 110.0, "dur": 5.0, "args": {"External id": 77, "correlation": 77}}
+    kernel = {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 120.0,
+              "dur": 12.5, "args": {"External id": 77, "correlation": 77, "device": 0}}
+    got = op_samples({"traceEvents": [outer, mm, launch, kernel]}, "inline")
+    assert [(s.op, s.gemm) for s in got] == [("aten::mm", (1, 64, 16, 32))]
+    assert got[0].times_s == pytest.approx((12.5e-6,))
 
 
 def test_one_shape_does_not_identify_an_efficiency_and_the_gap_apart():
