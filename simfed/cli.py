@@ -227,10 +227,6 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
     scn = load_scenario(scenario)
     samples = read_inputs(list(inputs), scn.cluster.node.gpus)
     profile, rep = fit(scn, samples)
-    if samples.ops:  # torch.profiler traces with shapes: the kernel model's efficiencies
-        from .calibration.profiler import apply_to_profile
-
-        apply_to_profile(scn, samples.ops, profile, rep)
     write_profile(out, profile, header=f"simfed calibrate for {scn.name} from "
                   + ", ".join(str(i) for i in inputs))
     report = report or out.with_suffix(".json")

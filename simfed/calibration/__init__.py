@@ -1,7 +1,8 @@
 """Calibration: from measurements to a cluster profile a scenario can be run with.
 
 `calibrate(scenario, samples)` fits every group of constants the samples inform (collectives,
-per-unit compute, optimizer, debug checks) and returns (profile, report): the profile is a
+per-unit compute, optimizer, debug checks; from torch.profiler traces with shapes, the kernel
+model's efficiencies: `profiler`) and returns (profile, report): the profile is a
 partial scenario (cluster and runtime keys) recording where each number came from; the report
 holds the fitted parameters with 95% intervals and every sample's residual.
 """
@@ -195,6 +196,10 @@ def calibrate(scn: Scenario, samples: Samples, fits: list[FitResult] | None = No
         # where the samples were taken: a prediction outside these ranges extrapolates
         "ranges": sample_ranges(scn, samples),
     }
+    if samples.ops:  # torch.profiler traces with shapes: the kernel model's efficiencies
+        from .profiler import apply_to_profile
+
+        apply_to_profile(scn, samples.ops, profile, report)
     return profile, report
 
 
