@@ -17,8 +17,9 @@ Two models, chosen by `runtime.compute.model`:
   - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k
     (`model.position: rope`), q/k/v layout copies (not for the Triton kernel, which reads
     strided views), the MLP activation, two residual adds per layer; embedding gather, final norm and
-    cross-entropy over the logits on the root unit; FSDP1's cast of each unsharded gradient to
-    the reduce dtype and its in-place pre-division before the reduce-scatter. Backward moves
+    cross-entropy over the logits on the root unit; FSDP1's assembly of each unit's flat
+    gradient (autograd's cat of the parameters' gradients), its cast to the reduce dtype and
+    its in-place pre-division before the reduce-scatter. Backward moves
     about twice the forward's bytes (reads the saved input and the output gradient, writes the
     input gradient).
   - a fixed `kernel_gap_us` between consecutive kernels (launch and tail effects).
@@ -200,14 +201,20 @@ class ComputeModel:
         return ks
 
     def fsdp_grad_kernel(self, unit: UnitSpec) -> Kernel:
-        """FSDP1's post-backward hook on the unsharded gradient (torch/distributed/fsdp/
-        _runtime_utils.py): a cast to the reduce dtype when it differs from the parameters'
-        (`flat_param.grad.to(handle._reduce_dtype)`: read p, write r bytes per parameter), then
-        `_div_if_needed(padded_unsharded_grad, predivide)` in place (read and write r)."""
+        """FSDP1's work on a unit's unsharded gradient before the reduce-scatter:
+        - the flat gradient assembled from the parameters' gradients: the module's parameters
+          are `torch.split` views of the flat parameter (torch/distributed/fsdp flat_param.py,
+          `_get_unflat_views_unaligned`), and autograd's backward of split is a `cat`
+          (tools/autograd/derivatives.yaml `split_with_sizes_backward`): read and write p bytes
+          per parameter;
+        - the post-backward hook (torch/distributed/fsdp/_runtime_utils.py): a cast to the
+          reduce dtype when it differs from the parameters' (`flat_param.grad.to(
+          handle._reduce_dtype)`: read p, write r bytes per parameter), then
+          `_div_if_needed(padded_unsharded_grad, predivide)` in place (read and write r)."""
         p = self.model.dtype_nbytes if self.model else 2
         r = self.reduce_nbytes or p
-        per_param = (p + r if r != p else 0) + 2 * r
-        return self.memory_bound("fsdp grad cast+predivide", float(unit.params * per_param))
+        per_param = 2 * p + (p + r if r != p else 0) + 2 * r
+        return self.memory_bound("fsdp grad cat+cast+predivide", float(unit.params * per_param))
 
     def _root_kernels(self, unit: UnitSpec, direction: str) -> list[Kernel]:
         mdl = self.model

@@ -125,12 +125,13 @@ def test_interference_slows_the_overlapped_share():
     assert math.isclose(ComputeModel.interference(1.0, 1.0, 0.0), 1.0)
 
 
-def test_fsdp_gradient_cast_and_predivide_follow_the_reduce_dtype():
+def test_fsdp_gradient_cat_cast_and_predivide_follow_the_reduce_dtype():
     unit = MODEL.units(4096)[1]
     bf16 = _cm().fsdp_grad_kernel(unit)
     fp32 = _cm(reduce_nbytes=4).fsdp_grad_kernel(unit)
-    assert bf16.nbytes == unit.params * 4  # predivide in place: read + write 2 bytes
-    assert fp32.nbytes == unit.params * (2 + 4 + 8)  # cast 2 -> 4, then predivide in fp32
+    # autograd's cat of the parameters' gradients into the flat gradient: read + write 2 bytes
+    assert bf16.nbytes == unit.params * (4 + 4)  # + predivide in place: read + write 2 bytes
+    assert fp32.nbytes == unit.params * (4 + 2 + 4 + 8)  # + cast 2 -> 4, predivide in fp32
     assert fp32.time_s == pytest.approx(fp32.nbytes / (2000e9 * 0.8))
 
 
