@@ -12,7 +12,7 @@ import numpy as np
 from scipy import optimize
 
 from ..collectives import collective_impl
-from ..contention.shared_cores import core_stack_s
+from ..contention.shared_cores import core_stack_s, nodes_per_core
 from ..hardware import Hardware
 from ..network.geometry import ring_load
 from ..network.links import NIC, NVLINK, SWITCH
@@ -41,7 +41,7 @@ class _CommFeature:
     pair: bool = False  # a ring of two ranks
     # most nodes with ranks in the collective that one host core carries (CPU testbeds: a
     # core hosting two nodes' ranks runs both nodes' network stacks)
-    core_nodes: int = 1
+    core_nodes: float = 1.0
     rate_scale: float = 1.0  # the scenario's link rate over the sample's
 
     @property
@@ -51,18 +51,14 @@ class _CommFeature:
         return ("inter" if self.inter else "intra") + ("_pair" if self.pair else "")
 
 
-def core_nodes(s: CommSample, cpu: int, host: int) -> int:
+def core_nodes(s: CommSample, cpu: int, host: int) -> float:
     """Most nodes with ranks in sample `s` that one host core carries, each node's ranks on
-    its `cpu` of the `host` cores (`node_cores`; 1 off a testbed)."""
+    its `cpu` of the `host` cores (`node_cores`; a node over two cores counts half on each;
+    1 off a testbed)."""
     if host <= 0:
-        return 1
-    on_core: dict[int, set[int]] = {}
-    for inst in s.instances:
-        for r in inst:
-            node = r // s.gpus_per_node
-            for c in node_cores(node, cpu, host):
-                on_core.setdefault(c, set()).add(node)
-    return max((len(v) for v in on_core.values()), default=1)
+        return 1.0
+    nodes = {r // s.gpus_per_node for inst in s.instances for r in inst}
+    return nodes_per_core([node_cores(n, cpu, host) for n in nodes])
 
 
 def _comm_features(scn: Scenario, samples: Samples, impl_name: str) -> list[_CommFeature]:

@@ -55,11 +55,7 @@ class SharedCores(HostContention):
         self.host_work = bool(spec.host_work and spec.host_us_per_MB)
         # most nodes one host core carries (every node's ranks take part in training's
         # collectives across nodes), and the core's network-stack time per byte
-        per_core: dict[int, int] = defaultdict(int)
-        for cores in hw.node_cores:
-            for c in cores:
-                per_core[c] += 1
-        self.core_nodes = max(per_core.values(), default=1)
+        self.core_nodes = nodes_per_core(hw.node_cores)
         self.core_s_per_byte = (8e-9 / spec.core_stack_Gbps
                                 if spec.core_stack and spec.core_stack_Gbps > 0
                                 and self.core_nodes > 1 else 0.0)
@@ -232,6 +228,16 @@ class _Arrivals:
                 self.since_met[k] = var if k == pg else self.since_met[k] + var
         if pg in self.last_met:
             self.last_met[pg] = end
+
+
+def nodes_per_core(cores_of_nodes: Iterable[frozenset[int]]) -> float:
+    """Most nodes one host core carries, given each node's cores (a node spread over k cores
+    counts 1/k on each); 1.0 at least."""
+    load: dict[int, float] = defaultdict(float)
+    for cores in cores_of_nodes:
+        for c in cores:
+            load[c] += 1.0 / len(cores)
+    return max([1.0, *load.values()])
 
 
 def core_stack_s(ring_bytes: float, core_nodes: float, core_s_per_byte: float,

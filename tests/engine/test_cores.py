@@ -224,7 +224,12 @@ def test_core_stack_binds_only_where_a_core_carries_several_nodes():
     ring bytes at 0.6 / 2 = 0.3 Gb/s instead of the link's 0.5 (the link's time grows by
     0.5 / 0.3); at 0.25 Gb/s (2 x 0.25 < 0.6) and on 2 nodes of 2 ranks (one node a core) the
     link binds and nothing changes."""
-    from simfed.contention.shared_cores import core_stack_s
+    from simfed.contention.shared_cores import core_stack_s, nodes_per_core
+
+    c0, c1 = frozenset({0}), frozenset({1})
+    assert nodes_per_core([c0, c1, c0, c1]) == 2.0  # 4x1 on 2 cores
+    assert nodes_per_core([c0, c1]) == 1.0  # 2x2: a core each
+    assert nodes_per_core([c0 | c1, c0 | c1]) == 1.0  # unpinned: half of each node a core
 
     assert core_stack_s(1e6, 2, 8 / 0.6e9, 8 / 0.5e9) == pytest.approx(
         1e6 * (2 * 8 / 0.6e9 - 8 / 0.5e9))
