@@ -196,10 +196,10 @@ def calibrate(scn: Scenario, samples: Samples, fits: list[FitResult] | None = No
         # where the samples were taken: a prediction outside these ranges extrapolates
         "ranges": sample_ranges(scn, samples),
     }
-    if samples.ops:  # torch.profiler traces with shapes: the kernel model's efficiencies
-        from .profiler import apply_to_profile
+    # torch.profiler traces: the kernel model's efficiencies from their operators' times
+    from .profiler import apply_to_profile
 
-        apply_to_profile(scn, samples.ops, profile, report)
+    apply_to_profile(scn, samples, profile, report)
     return profile, report
 
 

@@ -644,19 +644,43 @@ def fit_ops(samples: list[OpSample], configured: dict[str, float], peak_flops: f
                               "predicted_s": float(p),
                               "rel_error": float((p - s.time_s) / s.time_s)})
     res.note = (f"{len(samples)} operator samples ({sum(len(s.times_s) for s in samples)} "
-                f"calls) on {device or 'one device'}")
+                f"calls) on {device or 'one device'}; rms rel error by kind: " + ", ".join(
+                    f"{k} {v:.1%} (n={sum(r['kind'] == k for r in res.residuals)})"
+                    for k, v in kind_rms(res).items()))
     return res
 
 
-def fit_scenario(scn: Any, samples: list[OpSample]) -> tuple[FitResult, str]:
+def kind_rms(res: FitResult) -> dict[str, float]:
+    """The rms relative error of a kernels fit's residuals, per kind of operator."""
+    out = {}
+    for k in ("gemm", "attention", "memory"):
+        e = [r["rel_error"] for r in res.residuals if r.get("kind") == k]
+        if e:
+            out[k] = math.sqrt(sum(x * x for x in e) / len(e))
+    return out
+
+
+def _same_gpu(name: str, device: str) -> bool:
+    """The scenario's GPU name and a trace's device name (deviceProperties) name one model:
+    one holds the other, or they share a model token ("h100" in "H100-SXM-80GB" and "NVIDIA
+    H100 80GB HBM3")."""
+    a, b = name.lower(), device.lower()
+    if a in b or b in a:
+        return True
+    model = re.compile(r"[a-z]+[0-9]+[a-z0-9]*")
+    return bool(set(model.findall(a)) & set(model.findall(b)))
+
+
+def fit_scenario(scn: Any, samples: list[OpSample], device: str | None = None
+                 ) -> tuple[FitResult, str]:
     """`fit_ops` against `scn`'s GPU (peak, HBM bandwidth, SMs, GEMM tiles) on the samples of
-    the device the scenario describes: the only device in the traces, or the one whose name
-    holds the scenario's GPU name. Returns (fit, the device fitted or why none was)."""
+    `device`, by default the device the scenario describes: the only device in the traces, or
+    the one whose name holds the scenario's GPU name. Returns (fit, the device fitted)."""
     rt = scn.runtime.compute
-    devices = sorted({s.device for s in samples})
+    devices = sorted({s.device for s in samples}) if device is None else [device]
     gpu = scn.cluster.node.gpu.name
     if len(devices) > 1:
-        match = [d for d in devices if gpu.lower() in d.lower() or d.lower() in gpu.lower()]
+        match = [d for d in devices if _same_gpu(gpu, d)]
         if len(match) != 1:
             res = FitResult(kind="kernels")
             res.note = (f"traces from {len(devices)} devices ({', '.join(devices)}) and none "
@@ -692,27 +716,46 @@ def predict_for(scn: Any, samples: list[OpSample], fit: FitResult | None = None
                          scn.runtime.compute.causal_skip), v)
 
 
-def apply_to_profile(scn: Any, ops: list[OpSample], profile: dict[str, Any],
+NO_SHAPES = "profiler trace without shapes: "  # Samples.meta key prefix (samples.read_chrome)
+
+
+def apply_to_profile(scn: Any, samples: Any, profile: dict[str, Any],
                      report: dict[str, Any]) -> FitResult | None:
-    """Fit the kernel model to `ops` and put what the samples identify into `profile`
+    """Fit the kernel model to `samples.ops` and put what they identify into `profile`
     (runtime.compute.*, with provenance) and the fit into `report["fits"]["kernels"]`.
     The values take effect where the scenario runs `runtime.compute.model: kernels`."""
+    ops: list[OpSample] = samples.ops
     if not ops:
+        bare = sorted(k.removeprefix(NO_SHAPES) for k in samples.meta if k.startswith(NO_SHAPES))
+        if bare:  # profiled, but without record_shapes: say why nothing was fitted
+            res = FitResult(kind="kernels", note=(
+                f"no operator samples: {', '.join(bare)} has no shapes (\"Input Dims\"); "
+                "profile with record_shapes=True (realrun run --profile-steps does)"))
+            report.setdefault("fits", {})["kernels"] = res.as_dict()
+            return res
         return None
     res, device = fit_scenario(scn, ops)
-    report.setdefault("fits", {})["kernels"] = {**res.as_dict(), "device": device}
+    fits = report.setdefault("fits", {})
+    fits["kernels"] = {**res.as_dict(), "device": device}
+    for other in sorted({s.device for s in ops} - {device}):  # reported, not in the profile
+        o, _ = fit_scenario(scn, ops, other)
+        o.note += " (not the scenario's GPU: in the report only, against its figures)"
+        fits[f"kernels {other}"] = {**o.as_dict(), "device": other}
     if not res.params:
         return res
+    rms = kind_rms(res)
     runtime = profile.setdefault("runtime", {})
     compute = runtime.setdefault("compute", {})
     prov = runtime.setdefault("provenance", {})
     srcs = sorted({src for s in ops if s.device == device for src in s.source.split(", ")})
     where = srcs[0] if len(srcs) == 1 else f"{len(srcs)} traces ({srcs[0]}, ...)"
     for p in res.params:
+        kind = PARAMS[p.name][1] or "all"
         compute[p.name] = round(p.value, 3 if p.name == "kernel_gap_us" else 6)
         prov[f"runtime.compute.{p.name}"] = (
             f"fitted to torch.profiler operator times on {device} (kernel model, n="
-            f"{len(res.residuals)} operator samples, rms rel error {res.rms_rel_error:.1%}, "
-            f"95% CI {p.ci95[0]:.4g}..{p.ci95[1]:.4g}) from {where}; used with "
+            f"{len(res.residuals)} operator samples, rms rel error of its {kind}"
+            f" operators {rms.get(kind, res.rms_rel_error):.1%}, 95% CI "
+            f"{p.ci95[0]:.4g}..{p.ci95[1]:.4g}) from {where}; used with "
             "runtime.compute.model: kernels")
     return res

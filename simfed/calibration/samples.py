@@ -335,13 +335,15 @@ def read_chrome(path: Path, gpus_per_node: int) -> Samples:
     """NCCL kernels from a PyTorch profiler Chrome trace: args 'Collective name',
     'In msg nelems' / 'Out msg nelems', 'dtype', 'Group size', 'Process Group Ranks'; and,
     when it has shapes (record_shapes), its per-operator samples (calibration.profiler)."""
-    from .profiler import is_profiler_trace, load_trace, op_samples, trace_events
+    from .profiler import NO_SHAPES, is_profiler_trace, load_trace, op_samples, trace_events
 
     data = load_trace(path)  # .json or .json.gz
     events = trace_events(data)
     out = Samples(sources=[str(path)])
     if is_profiler_trace(events):
         out.ops += op_samples(data, str(path))
+    elif any(str(e.get("cat", "")).lower() in ("cpu_op", "operator") for e in events):
+        out.meta[NO_SHAPES + str(path)] = True  # profiled without record_shapes
     kernels = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
                and "Collective name" in (e.get("args") or {})]
     gpu = [e for e in kernels if str(e.get("cat", "")).lower() in ("kernel", "gpu", "cuda")]
@@ -371,9 +373,15 @@ def read_chrome(path: Path, gpus_per_node: int) -> Samples:
 @_malformed_is_bad_input
 def read_profile_ops(path: Path) -> Samples:
     """Only the per-operator samples of a torch.profiler trace."""
-    from .profiler import read_profiler
+    from .profiler import NO_SHAPES, is_profiler_trace, load_trace, op_samples, trace_events
 
-    return Samples(ops=read_profiler(path), sources=[str(path)])
+    data = load_trace(path)
+    out = Samples(sources=[str(path)])
+    if is_profiler_trace(trace_events(data)):
+        out.ops = op_samples(data, str(path))
+    else:
+        out.meta[NO_SHAPES + str(path)] = True  # profiled without record_shapes
+    return out
 
 
 def read_inputs(paths: list[Path], gpus_per_node: int) -> Samples:

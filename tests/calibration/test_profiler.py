@@ -154,6 +154,20 @@ def test_a_kernel_carrying_its_launchs_id_is_linked_through_the_launch():
     assert got[0].times_s == pytest.approx((12.5e-6,))
 
 
+def test_traces_of_two_devices_fit_the_scenarios_gpu_and_report_the_other(tmp_path):
+    cpu = read_profiler(FIX / "cpu_mb2.json.gz")
+    gpu = read_profiler(GPU_TRACE)
+    samples = read_inputs([GPU_TRACE, FIX / "cpu_mb2.json.gz"], 8)
+    assert len(samples.ops) == len(cpu) + len(gpu)
+    from simfed.calibration import calibrate
+
+    profile, report = calibrate(load_scenario(H100), samples)
+    assert report["fits"]["kernels"]["device"] == "NVIDIA H100 80GB HBM3"  # named like H100-SXM
+    assert profile["runtime"]["compute"]["gemm_efficiency"] == pytest.approx(0.72, rel=0.03)
+    assert report["fits"]["kernels cpu"]["device"] == "cpu"
+    assert "not the scenario's GPU" in report["fits"]["kernels cpu"]["note"]
+
+
 def test_one_shape_does_not_identify_an_efficiency_and_the_gap_apart():
     scn = load_scenario(H100)
     one = OpSample(kind="gemm", op="aten::mm", phase="forward", times_s=(1e-3, 1.01e-3),
@@ -235,6 +249,26 @@ def test_a_run_folder_is_read_with_its_profiler_traces(tmp_path):
     got = read_inputs([run], 1)
     assert len(got.ops) == len(read_profiler(FIX / "cpu_mb2.json.gz"))
     assert got.comm == []  # a CPU trace has no NCCL kernels; collectives come from .jsonl
+
+
+def test_a_trace_without_shapes_says_so(tmp_path):
+    """A profile taken with record_shapes=False (realrun's before issue 16) has operators but
+    no "Input Dims": nothing is fitted and the output says why."""
+    doc = json.loads(GPU_TRACE.read_text())
+    for e in doc["traceEvents"]:
+        for key in ("Input Dims", "Input type", "Input Strides", "Concrete Inputs"):
+            (e.get("args") or {}).pop(key, None)
+    bare = tmp_path / "run" / "profile_rank0.json"
+    bare.parent.mkdir()
+    bare.write_text(json.dumps(doc))
+    for given in (bare, bare.parent):
+        out = tmp_path / "p.yaml"
+        res = CliRunner().invoke(main, ["calibrate", str(given), "--scenario", str(H100),
+                                        "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert f"kernels: no operator samples: {bare} has no shapes" in res.output
+        assert "record_shapes=True" in res.output
+        assert "gemm_efficiency" not in out.read_text()
 
 
 # ---- bad input -------------------------------------------------------------------------------
