@@ -371,7 +371,7 @@ def op_samples(data: Any, source: str) -> list[OpSample]:
     launched: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for k in kernels:
         a = k.get("args") or {}
-        ext = a.get("External id")
+        ext = a.get("External id", a.get("external id"))  # (older Kineto: lower case)
         if ext is not None and int(ext) in op_ids:
             launched[int(ext)].append(k)
         elif "correlation" in a and int(a["correlation"]) in launches:
