@@ -157,8 +157,8 @@ def load_trace(path: Path) -> dict[str, Any] | list[Any]:
 
 def trace_events(data: Any) -> list[dict[str, Any]]:
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise SpecError("calibrate: a Chrome trace's traceEvents is not a list")
+    if not isinstance(events, list):  # (the readers name the file: samples.py)
+        raise TypeError("a Chrome trace's traceEvents is not a list")
     return [e for e in events if isinstance(e, dict)]
 
 
