@@ -49,3 +49,15 @@ def test_median_error_within_the_documented_claim(result):
 def test_errors_are_predicted_over_published(result):
     for r in result["cases"]:
         assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1.0)
+
+
+def test_scenarios_say_which_kernels_each_framework_ran():
+    """llm-foundry's tables ran MPT with its Triton attention and a learned position table
+    (validation/published/README.md); fms-fsdp ran Llama 2 with SDPA flash and RoPE."""
+    from simfed.spec import load_scenario
+
+    for c in load_cases():
+        scn = load_scenario(DEFAULT_DIR / c["scenario"])
+        foundry = c["source"]["repo"] == "mosaicml/llm-foundry"
+        assert scn.training.attention == ("triton" if foundry else "flash"), c["name"]
+        assert scn.model.position == ("learned" if foundry else "rope"), c["name"]
