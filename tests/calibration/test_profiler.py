@@ -41,11 +41,11 @@ from simfed.calibration.profiler import (
 from simfed.cli import main
 from simfed.spec import load_scenario
 
-from ..conftest import ROOT, SCENARIOS
+from ..conftest import ROOT
 
 FIX = ROOT / "tests" / "fixtures" / "profiler"
 GPU_TRACE = FIX / "gpu_h100_synthetic.json"
-H100 = SCENARIOS / "h100-1024.yaml"
+H100 = FIX / "h100.yaml"
 CPU1 = FIX / "cpu1.yaml"
 
 
