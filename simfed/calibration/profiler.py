@@ -77,8 +77,9 @@ _ELEM_BYTES = {
     "bool": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "c10::complex<float>": 8,
 }
 _GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
-         "aten::matmul", "aten::_addmm_activation", "aten::addbmm"}
-_ATTN = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention")
+         "aten::matmul", "aten::_addmm_activation", "aten::addbmm", "aten::_scaled_mm"}
+_ATTN = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|"
+                   r"^flash_attn::")
 # the position of `is_causal` among each attention operator's arguments
 # (pytorch/pytorch aten/src/ATen/native/native_functions.yaml)
 _CAUSAL_ARG = {
@@ -91,6 +92,10 @@ _CAUSAL_ARG = {
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": 7,
     "aten::_scaled_dot_product_efficient_attention_backward": 11,
     "aten::_scaled_dot_product_cudnn_attention_backward": 14,
+    # Dao's flash-attn 2 (>= 2.6) custom ops (flash_attn/flash_attn_interface.py), q, k, v as
+    # (batch, tokens, heads, head dim)
+    "flash_attn::_flash_attn_forward": 5,
+    "flash_attn::_flash_attn_backward": 11,
 }
 _MEMORY = re.compile(
     r"^aten::(add|sub|mul|div|neg|pow|rsqrt|sqrt|exp|silu|gelu|relu|sigmoid|tanh|where|"
@@ -331,7 +336,8 @@ def _causal(name: str, args: dict[str, Any]) -> bool | None:
     conc = args.get("Concrete Inputs") or []
     if i is None or i >= len(conc):
         return None
-    return str(conc[i]).strip().lower() == "true"
+    v = str(conc[i]).strip().lower()  # (another release's signature: not a flag there)
+    return v == "true" if v in ("true", "false") else None
 
 
 def _attention_flops(name: str, args: dict[str, Any]) -> float:
@@ -342,8 +348,12 @@ def _attention_flops(name: str, args: dict[str, Any]) -> float:
     q, k = (dims[1], dims[2]) if backward and len(dims) > 2 else (dims[0], dims[1])
     if len(q) != 4 or len(k) != 4:
         return 0.0
-    b, h, tq, dh = q
-    tk = k[2]
+    if name.startswith("flash_attn::"):  # (batch, tokens, heads, head dim)
+        b, tq, h, dh = q
+        tk = k[1]
+    else:  # (batch, heads, tokens, head dim)
+        b, h, tq, dh = q
+        tk = k[2]
     return 4.0 * b * h * tq * tk * dh * (2.5 if backward else 1.0)
 
 

@@ -168,6 +168,23 @@ def test_traces_of_two_devices_fit_the_scenarios_gpu_and_report_the_other(tmp_pa
     assert "not the scenario's GPU" in report["fits"]["kernels cpu"]["note"]
 
 
+def test_flash_attn_custom_ops_are_attention_in_their_own_layout():
+    """Dao's flash-attn 2 ops take (batch, tokens, heads, head dim); is_causal is argument 5
+    forward, 11 backward; the kernel time of the op and what it calls."""
+    q, kv = [2, 1024, 16, 64], [2, 1024, 4, 64]
+    fwd = {"ph": "X", "cat": "cpu_op", "name": "flash_attn::_flash_attn_forward", "pid": 1,
+           "tid": 1, "ts": 10.0, "dur": 20.0, "args": {
+               "External id": 1, "Input Dims": [q, kv, kv, [], [], [], [], [], [], [], []],
+               "Input type": ["c10::BFloat16"] * 3 + ["Scalar"] * 8,
+               "Concrete Inputs": ["", "", "", "0.", "0.125", "True", "-1", "-1", "0.", "",
+                                   "False"]}}
+    kernel = {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "pid": 0, "tid": 7,
+              "ts": 40.0, "dur": 100.0, "args": {"External id": 1, "correlation": 9}}
+    got = op_samples({"traceEvents": [fwd, kernel]}, "inline")
+    assert len(got) == 1 and got[0].kind == "attention" and got[0].causal
+    assert got[0].flops == 4.0 * 2 * 16 * 1024 * 1024 * 64
+
+
 def test_one_shape_does_not_identify_an_efficiency_and_the_gap_apart():
     scn = load_scenario(H100)
     one = OpSample(kind="gemm", op="aten::mm", phase="forward", times_s=(1e-3, 1.01e-3),
