@@ -204,8 +204,9 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
     """Fit a cluster profile to measurements: realrun bench folders, realrun traces (.jsonl),
     PyTorch profiler Chrome traces (.json, .json.gz: NCCL kernels, and with record_shapes the
     operators' times for the kernel model's efficiencies; a realrun run folder's
-    profile_rank*.json are read too); or, with --convergence, a convergence profile to
-    `realrun converge-study` measurements."""
+    profile_rank*.json are read too), nccl-tests outputs (all_reduce_perf & co.'s stdout as
+    text: the NCCL model's bandwidth curves, runtime.comm.nccl_bw_curve); or, with
+    --convergence, a convergence profile to `realrun converge-study` measurements."""
     import json
 
     from .calibration import calibrate as fit
@@ -241,6 +242,11 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
         click.echo(f"{kind}: n={f['n']}, rms rel error {f['rms_rel_error']:.1%}: {params}")
         for k, v in f.get("not_used", {}).items():  # the scenario's value stands (issue 18)
             click.echo(f"  not used: {k} ({v['reason']}); kept: {v['kept']}")
+    for k, g in rep.get("nccl_tests", {}).get("groups", {}).items():  # nccl-tests outputs
+        click.echo(f"nccl-tests {k}: n={g['n']}, median |busbw error| "
+                   f"{g['median_abs_error_before']:.1%} (NCCL model) -> "
+                   f"{g['median_abs_error_after']:.1%} (calibrated), worst "
+                   f"{g['worst_error_after']:+.1%}")
     click.echo(f"wrote {out} and {report}")
 
 

@@ -2,7 +2,8 @@
 
 `calibrate(scenario, samples)` fits every group of constants the samples inform (collectives,
 per-unit compute, optimizer, debug checks; from torch.profiler traces with shapes, the kernel
-model's efficiencies: `profiler`) and returns (profile, report): the profile is a
+model's efficiencies: `profiler`; from nccl-tests outputs, the NCCL model's bandwidth curves:
+`nccl_tests`) and returns (profile, report): the profile is a
 partial scenario (cluster and runtime keys) recording where each number came from; the report
 holds the fitted parameters with 95% intervals and every sample's residual.
 """
@@ -200,6 +201,10 @@ def calibrate(scn: Scenario, samples: Samples, fits: list[FitResult] | None = No
     from .profiler import apply_to_profile
 
     apply_to_profile(scn, samples, profile, report)
+    # nccl-tests outputs: the NCCL model's bandwidth-efficiency curves (nccl_tests)
+    from .nccl_tests import apply_to_profile as apply_nccl_tests
+
+    apply_nccl_tests(scn, samples.nccl_tests, profile, report)
     return profile, report
 
 

@@ -105,6 +105,8 @@ class Samples:
     sources: list[str] = field(default_factory=list)
     # per-operator samples of torch.profiler traces with shapes (simfed.calibration.profiler)
     ops: list[Any] = field(default_factory=list)
+    # out-of-place rows of nccl-tests stdout files (simfed.calibration.nccl_tests)
+    nccl_tests: list[Any] = field(default_factory=list)
 
     # how unevenly ranks run (cases measured in the run's layout): pooled over re-benchmarks
     POOLED = ("compute_beside", "loops", "drifts", "sources")
@@ -385,7 +387,10 @@ def read_profile_ops(path: Path) -> Samples:
 
 
 def read_inputs(paths: list[Path], gpus_per_node: int) -> Samples:
-    """Any mix of bench folders/summaries, realrun traces (.jsonl) and Chrome traces (.json)."""
+    """Any mix of bench folders/summaries, realrun traces (.jsonl), Chrome traces (.json) and
+    nccl-tests stdout files."""
+    from .nccl_tests import is_nccl_tests_file, read_nccl_tests
+
     out = Samples()
     for p in paths:
         if not p.exists():
@@ -409,7 +414,10 @@ def read_inputs(paths: list[Path], gpus_per_node: int) -> Samples:
             out.extend(read_realrun_trace(p, gpus_per_node))
         elif p.suffix == ".json" or p.name.endswith(".json.gz"):
             out.extend(read_chrome(p, gpus_per_node))
+        elif is_nccl_tests_file(p):  # all_reduce_perf & co.'s stdout
+            out.nccl_tests.extend(read_nccl_tests(p))
+            out.sources.append(str(p))
         else:
-            raise SpecError(f"calibrate: {p}: expected a bench folder, a .jsonl realrun trace "
-                            "or a .json (.json.gz) Chrome trace")
+            raise SpecError(f"calibrate: {p}: expected a bench folder, a .jsonl realrun trace, "
+                            "a .json (.json.gz) Chrome trace or nccl-tests output (text)")
     return out

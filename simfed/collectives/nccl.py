@@ -20,6 +20,11 @@ enabled (algorithm, protocol) gets a time t = latency + S / algbw and NCCL runs 
   x (nc-1)/nc of the NVLS graph's bandwidth; NVIDIA's maintainer: ~480 GB/s busbw against ring's
   ~370 GB/s on 8 H100, nccl-tests issue #212); all-gather / reduce-scatter inside one node only.
 nccl-tests' bus bandwidth is algbw x 2(n-1)/n (all-reduce) or (n-1)/n (all-gather, reduce-scatter).
+
+Calibrated (`runtime.comm.nccl_bw_curve`, fitted from a cluster's own nccl-tests output by
+`simfed.calibration.nccl_tests`): NCCL picks as above, then the chosen (algorithm, protocol)'s
+bandwidth is multiplied by a size-dependent efficiency for its op and domain (one node or
+several); the latency is kept. Without a curve nothing changes.
 """
 
 from __future__ import annotations
@@ -91,6 +96,9 @@ class NcclModel:
     nvls_allreduce_gain: float = 1.30
     algorithms: tuple[str, ...] = ("ring", "tree", "pat", "nvls")
     protocols: tuple[str, ...] = PROTOCOLS
+    # {op: {"algorithm/protocol": {intra|inter: ((size bytes, factor), ...)}}}: the bandwidth
+    # efficiency applied to NCCL's choice (runtime.comm.nccl_bw_curve); None: NCCL's bandwidth
+    bw_curve: dict | None = None
 
     def ring_busbw_Bps(self, q: int, nodes: int) -> float:
         """The ring's bus bandwidth: its slowest link class (efficiencies included)."""
@@ -177,19 +185,57 @@ class NcclModel:
         lat = lat_us * 1e-6
         return Choice(algo, proto, lat + nbytes / algbw, lat, algbw)
 
-    def best(self, op: str, nbytes: float, n: int, nodes: int) -> Choice:
-        """NCCL's pick: the fastest enabled (algorithm, protocol); ties in listing order."""
+    def nccl_choice(self, op: str, nbytes: float, n: int, nodes: int) -> Choice:
+        """NCCL's pick by its own cost model: the fastest enabled (algorithm, protocol); ties
+        in listing order."""
         return min(self.candidates(op, nbytes, n, nodes), key=lambda ch: ch.time_s)
+
+    def best(self, op: str, nbytes: float, n: int, nodes: int) -> Choice:
+        """NCCL's pick, its bandwidth scaled by the calibrated efficiency curve if any."""
+        ch = self.nccl_choice(op, nbytes, n, nodes)
+        if not self.bw_curve or n < 2:
+            return ch
+        f = curve_factor(self.bw_curve, op, f"{ch.algorithm}/{ch.protocol}",
+                         "intra" if nodes <= 1 else "inter", nbytes)
+        if f == 1.0:
+            return ch
+        algbw = ch.algbw_Bps * f
+        return Choice(ch.algorithm, ch.protocol, ch.latency_s + nbytes / algbw, ch.latency_s,
+                      algbw)
 
     def time_s(self, op: str, nbytes: float, n: int, nodes: int) -> float:
         return self.best(op, nbytes, n, nodes).time_s
+
+
+def curve_value(knots, nbytes: float) -> float:
+    """A curve's factor at `nbytes`: piecewise-linear in log2(size) between knots (sorted by
+    size), held at the first knot's value below it and at the last one's above."""
+    pts = sorted((float(s), float(f)) for s, f in knots)
+    if not pts:
+        return 1.0
+    x = math.log2(max(nbytes, 1.0))
+    xs = [math.log2(s) for s, _ in pts]
+    if x <= xs[0]:
+        return pts[0][1]
+    for i in range(1, len(pts)):
+        x0, x1, f0, f1 = xs[i - 1], xs[i], pts[i - 1][1], pts[i][1]
+        if x <= x1:
+            return f0 + (f1 - f0) * (x - x0) / (x1 - x0) if x1 > x0 else f1
+    return pts[-1][1]
+
+
+def curve_factor(curves: dict, op: str, choice: str, domain: str, nbytes: float) -> float:
+    """runtime.comm.nccl_bw_curve's factor for op / "algorithm/protocol" / domain (1 if none)."""
+    knots = ((curves.get(op) or {}).get(choice) or {}).get(domain)
+    return curve_value(knots, nbytes) if knots else 1.0
 
 
 def nccl_model(hw: Hardware, comm) -> NcclModel:
     """The model for a scenario's runtime.comm section."""
     return NcclModel(hw=hw, version=comm.nccl_version, channels=comm.nccl_channels,
                      nvls_allreduce_gain=comm.nvls_allreduce_gain,
-                     algorithms=tuple(comm.nccl_algorithms))
+                     algorithms=tuple(comm.nccl_algorithms),
+                     bw_curve=getattr(comm, "nccl_bw_curve", None) or None)
 
 
 def engine_cost(model: NcclModel, op: str, nbytes: float,

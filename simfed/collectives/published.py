@@ -62,8 +62,30 @@ def entry_model(entry: dict[str, Any], folder: Path):
     return nccl_model(Hardware.from_spec(scn.cluster, scn.runtime), scn.runtime.comm), n
 
 
-def compare(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES) -> list[dict[str, Any]]:
-    """One row per published size >= min_bytes: predicted against published busbw."""
+def fit_set_curves(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """runtime.comm.nccl_bw_curve fitted on the fit set's rows only (simfed.calibration.
+    nccl_tests.fit_curves, as `simfed calibrate` does with nccl-tests output), and its report."""
+    from ..calibration.nccl_tests import curve_samples, fit_curves
+
+    data = load(path)
+    samples = []
+    for kind in ("tables", "cases"):
+        for e in data.get(kind) or []:
+            if e["set"] != "fit":
+                continue
+            model, n = entry_model(e, path.parent)
+            samples += curve_samples(model, [(e["op"], size, pub, n, e["nodes"], e["name"])
+                                             for size, pub in entry_rows(e)])
+    return fit_curves(samples, min_bytes=min_bytes)
+
+
+def compare(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES,
+            curves: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per published size >= min_bytes: predicted against published busbw; with
+    `curves`, every entry's model carries them as its runtime.comm.nccl_bw_curve."""
+    from dataclasses import replace
+
     from .nccl import bus_factor
 
     data = load(path)
@@ -71,6 +93,8 @@ def compare(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES) -> list[di
     for kind in ("tables", "cases"):
         for e in data.get(kind) or []:
             model, n = entry_model(e, path.parent)
+            if curves is not None:
+                model = replace(model, bw_curve=curves or None)
             for size, pub in entry_rows(e):
                 if size < min_bytes:
                     continue

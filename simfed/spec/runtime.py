@@ -16,6 +16,11 @@ from .shared_cores import SharedCoresSpec
 # rings of two ranks ("_pair": one exchange each way with a single peer)
 Domain = Literal["intra", "inter", "intra_pair", "inter_pair"]
 DOMAINS = get_args(Domain)
+# NCCL's (algorithm, protocol) choices as "algorithm/protocol" (simfed/collectives/nccl.py)
+NcclChoiceKey = Literal["ring/LL", "ring/LL128", "ring/Simple", "tree/LL", "tree/LL128",
+                        "tree/Simple", "pat/Simple", "nvls/Simple"]
+# one knot of a bandwidth-efficiency curve: message size (bytes), factor on the bandwidth
+CurveKnot = tuple[Annotated[float, Field(ge=1)], Annotated[float, Field(gt=0, le=1.2)]]
 # a GEMM output tile: rows, cols, efficiency relative to the best tile
 GemmTile = tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)],
                  Annotated[float, Field(gt=0, le=1)]]
@@ -92,6 +97,14 @@ class CommRuntime:
     nccl_algorithms: tuple[Literal["ring", "tree", "pat", "nvls"], ...] = param(
         ("ring", "tree", "pat", "nvls"), min_length=1,
         doc="algorithms NCCL may pick (NCCL_ALGO)")
+    nccl_bw_curve: dict[CollectiveOp, dict[NcclChoiceKey, dict[Literal["intra", "inter"],
+                                                                 tuple[CurveKnot, ...]]]] = param(
+        None, doc="model: nccl: a size-dependent bandwidth efficiency per collective, NCCL "
+        "choice (algorithm/protocol as the model picks it) and domain (intra: one node, inter: "
+        "across nodes): knots [size bytes, factor] piecewise-linear in log2(size), held beyond "
+        "the first and last knot; the chosen protocol's bandwidth is multiplied by it (not the "
+        "latency). Fitted from nccl-tests output by `simfed calibrate` "
+        "(simfed/calibration/nccl_tests.py); missing: 1")
     sm_share: float = param(
         0.0, ge=0, le=1, doc="share of a GPU's compute a running NCCL kernel takes from kernels "
         "overlapping it (its channels' SMs and HBM traffic); compute overlapped by FSDP's "
