@@ -51,6 +51,8 @@ _RANK = re.compile(r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\
 _LIB = re.compile(r"nccl-library=(\d+)")
 _NCCL_VERSION = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)")
 _TEST = re.compile(r"Collective test starting:\s*(\S+)")
+# mpirun --tag-output's "[1,0]<stdout>:" and "[0]" prefixes on every line
+_TAG = re.compile(r"^\[\d+(?:,\d+)?\](?:<std(?:out|err)>:)?\s?")
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def read_nccl_tests(path: Path, op: str | None = None) -> list[NcclTestsRow]:
         return SpecError(f"{path}:{lineno}: {what}")
 
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
+        line = _TAG.sub("", raw.strip())
         if not line:
             continue
         body = line.lstrip("#").strip()

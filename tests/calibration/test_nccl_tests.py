@@ -187,6 +187,15 @@ def test_op_from_the_file_name_and_old_column_layout(tmp_path):
     assert r.op == "all_gather" and r.time_us == 40.0 and r.nccl_version == "2.18.5"
 
 
+def test_mpirun_tagged_output(tmp_path):
+    """mpirun --tag-output prefixes every line with [1,0]<stdout>:."""
+    text = "".join(f"[1,0]<stdout>:{x}\n" for x in _output([(MiB, 40.0)]).splitlines())
+    path = tmp_path / "tagged.txt"
+    path.write_text(text)
+    (r,) = read_nccl_tests(path)
+    assert (r.op, r.ranks, r.nbytes, r.time_us) == ("all_reduce", 8, MiB, 40.0)
+
+
 # ---- the published tables: fit on the fit set only, the check set held out ----
 
 def test_check_set_rows_do_not_move_the_fitted_curves(tmp_path):
