@@ -71,6 +71,14 @@ class NcclTestsRow:
     source: str  # file:line
 
 
+_GPU_MODEL = re.compile(r"(?<![a-z0-9])((?:gb|gh|[abhlv])[0-9]{2,3})(?![0-9])")
+
+
+def gpu_models(name: str) -> set[str]:
+    """GPU model tokens of a name: {"h100"} for "NVIDIA H100 80GB HBM3" and "H100-SXM-80GB"."""
+    return set(_GPU_MODEL.findall(name.lower()))
+
+
 def _op_from_text(text: str) -> str | None:
     low = text.lower()
     for key in sorted(_OPS, key=len, reverse=True):
@@ -95,6 +103,7 @@ class _Run:
         self.cols: dict[str, int] | None = None
         self.ncols = 0
         self.rows: list[tuple[int, int, float, float, float]] = []  # line, size, t, alg, bus
+        self.wrong = 0  # rows with #wrong > 0, skipped
 
 
 def read_nccl_tests(path: Path, op: str | None = None) -> list[NcclTestsRow]:
@@ -156,7 +165,7 @@ def read_nccl_tests(path: Path, op: str | None = None) -> list[NcclTestsRow]:
             cols: dict[str, int] = {}
             for i, t in enumerate(toks):
                 cols.setdefault(t, i)  # the first time/algbw/busbw: out-of-place
-            for need in ("time", "algbw"):
+            for need in ("time", "algbw", "busbw"):
                 if need not in cols:
                     raise bad(lineno, f"column header without {need!r}")
             cur.cols, cur.ncols = cols, len(toks)
@@ -178,6 +187,11 @@ def read_nccl_tests(path: Path, op: str | None = None) -> list[NcclTestsRow]:
                               f"{line[:60]!r}") from None
         if not all(math.isfinite(x) and x >= 0 for x in (t_us, alg, bus)):
             raise bad(lineno, f"time {t_us}, algbw {alg}, busbw {bus}: expected finite, >= 0")
+        wrong = cur.cols.get("#wrong")
+        if wrong is not None and len(toks) > wrong and toks[wrong].isdigit() \
+                and int(toks[wrong]):
+            cur.wrong += 1  # nccl-tests found wrong results: its timing is not used
+            continue
         cur.rows.append((lineno, size, t_us, alg, bus))
 
     out: list[NcclTestsRow] = []
@@ -210,8 +224,10 @@ def read_nccl_tests(path: Path, op: str | None = None) -> list[NcclTestsRow]:
             out.append(NcclTestsRow(op_here, size, t_us, alg, bus, ranks, nodes, run.gpu,
                                     run.version, f"{path}:{lineno}"))
     if not out:
+        skipped = sum(r.wrong for r in runs)
+        why = f" ({skipped} rows with #wrong > 0 skipped)" if skipped else ""
         raise SpecError(f"{path}: no nccl-tests table rows found (expected the standard "
-                        "'size count type redop ... time algbw busbw' table)")
+                        f"'size count type redop ... time algbw busbw' table){why}")
     return out
 
 
@@ -312,8 +328,9 @@ def fit_curves(samples: list[CurveSample], min_bytes: int = MIN_BYTES
         knots = _fit_one(sel)
         before = [s.predicted_GBps() / s.measured_GBps - 1 for s in sel]
         after = [s.predicted_GBps(_value(knots, s.nbytes)) / s.measured_GBps - 1 for s in sel]
+        at_bound = [k for k, c in knots if c in (C_MIN, C_MAX)]
         report["groups"][f"{op} {choice} {dom}"] = {
-            "n": len(sel), "knots": knots,
+            "n": len(sel), "knots": knots, "at_bound": at_bound,
             "median_abs_error_before": statistics.median(map(abs, before)),
             "median_abs_error_after": statistics.median(map(abs, after)),
             "worst_error_after": max(after, key=abs),
@@ -366,6 +383,12 @@ def apply_to_profile(scn, rows: list[NcclTestsRow], profile: dict[str, Any],
             raise SpecError(f"{r.source}: {r.ranks} ranks on {r.nodes} nodes, but the "
                             f"scenario's nodes have {q_max} GPUs each (ranks per node must be "
                             "a whole number within it)")
+    want = gpu_models(scn.cluster.node.gpu.name)
+    for r in rows:
+        got = gpu_models(r.gpu)
+        if want and got and not want & got:
+            raise SpecError(f"{r.source}: measured on {r.gpu}, but the scenario's GPU is "
+                            f"{scn.cluster.node.gpu.name}: calibrate a scenario of that GPU")
     versions = {".".join(r.nccl_version.split(".")[:2]) for r in rows if r.nccl_version}
     if len(versions) > 1:
         raise SpecError(f"calibrate: the nccl-tests outputs ran NCCL {', '.join(sorted(versions))}"
@@ -393,5 +416,8 @@ def apply_to_profile(scn, rows: list[NcclTestsRow], profile: dict[str, Any],
     prov["runtime.comm.nccl_bw_curve"] = (
         f"fitted (nccl-tests out-of-place busbw from {MIN_BYTES >> 20} MiB, n={n}, groups "
         + "; ".join(f"{k}: median |error| {g['median_abs_error_before']:.1%} -> "
-                    f"{g['median_abs_error_after']:.1%}" for k, g in rep["groups"].items())
+                    f"{g['median_abs_error_after']:.1%}"
+                    + (f", AT BOUND {C_MIN}..{C_MAX} at {g['at_bound']} B (the model is far "
+                       "from this fabric: check the cluster file)" if g["at_bound"] else "")
+                    for k, g in rep["groups"].items())
         + f") from {', '.join(files)}")

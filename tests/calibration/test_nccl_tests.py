@@ -187,6 +187,24 @@ def test_op_from_the_file_name_and_old_column_layout(tmp_path):
     assert r.op == "all_gather" and r.time_us == 40.0 and r.nccl_version == "2.18.5"
 
 
+def test_rows_with_wrong_results_are_skipped_and_other_gpus_refused(tmp_path):
+    text = _output([(MiB, 40.0), (2 * MiB, 60.0)])
+    lines = text.splitlines()
+    i = next(j for j, x in enumerate(lines) if x.strip().startswith(str(2 * MiB)))
+    toks = lines[i].split()
+    toks[8] = "17"  # out-of-place #wrong
+    lines[i] = "  ".join(toks)
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text("\n".join(lines) + "\n")
+    assert [r.nbytes for r in read_nccl_tests(path)] == [MiB]
+    # H100 output against an A100 scenario: a one-line error naming both GPUs
+    a100 = ROOT / "validation" / "published" / "collectives-a100.yaml"
+    res = CliRunner().invoke(main, ["calibrate", str(path), "--scenario", str(a100), "--out",
+                                    str(tmp_path / "p.yaml")])
+    assert res.exit_code == 2 and "H100 80GB HBM3" in res.output and "A100" in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+
+
 def test_mpirun_tagged_output(tmp_path):
     """mpirun --tag-output prefixes every line with [1,0]<stdout>:."""
     text = "".join(f"[1,0]<stdout>:{x}\n" for x in _output([(MiB, 40.0)]).splitlines())
