@@ -117,3 +117,34 @@ def test_bad_nccl_and_tile_settings_are_one_line_errors():
             ("runtime.compute.gemm_tiles", [[0, 128, 1.0]], "gemm_tiles[0]")):
         with pytest.raises(SpecError, match=words.replace("[", r"\[").replace("]", r"\]")):
             load_scenario(H100, {key: value})
+
+
+def test_a_bandwidth_curve_slows_the_simulated_collective_by_its_factor():
+    """runtime.comm.nccl_bw_curve reaches the simulator: engine_cost's byte factor (ring/Simple
+    bandwidth over the chosen one's) grows by 1 / curve, the latency stays; a step with the
+    curve on its collectives takes longer than without."""
+    from dataclasses import replace
+
+    from simfed.collectives.nccl import engine_cost, nccl_model
+    from simfed.engine import simulate
+
+    scn = load_scenario(ROOT / "validation" / "published" / "collectives-h100.yaml",
+                        {"cluster.nodes": 2})
+    m = nccl_model(Hardware.from_spec(scn.cluster, scn.runtime), scn.runtime.comm)
+    inst = (tuple(range(16)),)
+    s = 64 << 20
+    lat, f = engine_cost(m, "all_gather", s, inst)
+    ch = m.best("all_gather", s, 16, 2)
+    key = f"{ch.algorithm}/{ch.protocol}"
+    cal = replace(m, bw_curve={"all_gather": {key: {"inter": [[1 << 20, 0.5]]}}})
+    lat2, f2 = engine_cost(cal, "all_gather", s, inst)
+    assert lat2 == lat and f2 == pytest.approx(2 * f)
+    curve = {op: {k: {"intra": [[1, 0.5]], "inter": [[1, 0.5]]}
+                  for k in ("ring/LL", "ring/LL128", "ring/Simple", "tree/Simple", "nvls/Simple")}
+             for op in ("all_gather", "reduce_scatter", "all_reduce")}
+    base = load_scenario(ROOT / "validation" / "published" / "fms-h100-llama7b-96gpu.yaml")
+    slow = load_scenario(ROOT / "validation" / "published" / "fms-h100-llama7b-96gpu.yaml",
+                         {"runtime.comm.nccl_bw_curve": curve})
+    t0 = simulate(base, algorithms=[base.algorithms[0].name])[0]["algorithms"][0]
+    t1 = simulate(slow, algorithms=[slow.algorithms[0].name])[0]["algorithms"][0]
+    assert t1["step_time_s"] > t0["step_time_s"]

@@ -295,14 +295,19 @@ def _fit_one(samples: list[CurveSample]) -> list[list[float]]:
     used = sorted({i for ws in weights for i, _ in ws})
     i0, i1 = used[0], used[-1]
     k = i1 - i0 + 1
+    wmat = np.zeros((len(samples), k))  # curve value at each sample = wmat @ knot values
+    for row, ws in enumerate(weights):
+        for i, w in ws:
+            wmat[row, i - i0] += w
+    size = np.array([s.nbytes for s in samples])
+    lat = np.array([s.latency_s for s in samples])
+    alg = np.array([s.algbw_Bps for s in samples])
+    bus = np.array([s.bus_factor for s in samples])
     meas = np.log([s.measured_GBps for s in samples])
 
-    def values(v):
-        return [sum(v[i - i0] * w for i, w in ws) for ws in weights]
-
     def objective(v):
-        pred = np.log([s.predicted_GBps(c) for s, c in zip(samples, values(v), strict=False)])
-        return float(np.sum((pred - meas) ** 2) + RIDGE * np.sum((np.asarray(v) - 1.0) ** 2))
+        pred = np.log(size / (lat + size / (alg * (wmat @ v))) * bus / 1e9)
+        return float(np.sum((pred - meas) ** 2) + RIDGE * np.sum((v - 1.0) ** 2))
 
     cons = [{"type": "ineq", "fun": (lambda v, j=j: v[j + 1] - v[j])} for j in range(k - 1)]
     res = minimize(objective, np.ones(k), method="SLSQP", bounds=[(C_MIN, C_MAX)] * k,
