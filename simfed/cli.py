@@ -246,7 +246,9 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
         click.echo(f"nccl-tests {k}: n={g['n']}, median |busbw error| "
                    f"{g['median_abs_error_before']:.1%} (NCCL model) -> "
                    f"{g['median_abs_error_after']:.1%} (calibrated), worst "
-                   f"{g['worst_error_after']:+.1%}")
+                   f"{g['worst_error_after']:+.1%}" + (
+                       f"; AT BOUND at {g['at_bound']} B (far from the model: check the "
+                       "cluster file)" if g.get("at_bound") else ""))
     click.echo(f"wrote {out} and {report}")
 
 

@@ -359,12 +359,13 @@ def _value(knots, nbytes: float) -> float:
 
 
 def is_nccl_tests_file(path: Path) -> bool:
-    """A text file whose head looks like nccl-tests stdout."""
+    """A text file whose head (4 MiB: NCCL_DEBUG=INFO logs can come first) looks like nccl-tests
+    stdout."""
     if path.suffix.lower() in (".json", ".jsonl", ".gz", ".yaml", ".yml"):
         return False
     try:
         with path.open("r", encoding="utf-8", errors="replace") as fh:
-            head = fh.read(65536)
+            head = fh.read(4 << 20)
     except OSError:
         return False
     return ("nThread" in head and "busbw" in head) or ("algbw" in head and "busbw" in head)
