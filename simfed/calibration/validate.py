@@ -268,26 +268,37 @@ def _pool_rebenches(scenario: Path, samples: Samples, shapes: list[_Shape]) -> N
             sh.samples = samples.refreshed(fresh)
 
 
+# the standard deviation of a normal distribution per median absolute deviation
+MAD_TO_SD = 1.4826
+
+
 def _host_drift(scenario: Path, scn: Scenario, shapes: list[_Shape]) -> float:
-    """How much the host's compute speed moves between benchmarks minutes apart: the pooled
-    standard deviation of ln(forward FLOP/s) over the shapes' re-benchmarks, within groups of
-    one layout, model and micro-batch (whose speeds differ for reasons of their own); 0 with
-    fewer than 2 re-benchmarks more than groups. A run is predicted at its re-bench's speed; it
-    runs at the speed of its own minutes, which the benchmarks say is this uncertain
-    (micro-benchmarks only)."""
+    """How much the host's compute speed moves between benchmarks minutes apart, as a standard
+    deviation of ln(speed). Each re-benchmark's speed is that of a forward and a backward whose
+    FLOPs are twice the forward's (the units' two fitted rates, harmonically weighted, as a
+    step spends them); its residual is its ln distance from the median of the re-benchmarks of
+    its layout, model and micro-batch (the speed a shape is predicted at, see _pool_rebenches;
+    other configurations' speeds differ for reasons of their own). The estimate is the median
+    absolute residual x 1.4826 (a normal's standard deviation), not the residuals' standard
+    deviation: one re-bench caught in a slow minute moves the pooled median that predictions
+    use very little, and should not widen every interval (run 25, docs/validation.md). 0 with
+    fewer than 2 re-benchmarks more than groups. A run is predicted at its configuration's
+    median speed; it runs at the speed of its own minutes, which the benchmarks say is this
+    uncertain (micro-benchmarks only)."""
     groups: dict[str, list[float]] = {}
     for sh in shapes:
         fit = fit_units(sh.fresh or sh.samples, scn)
-        r = next((p.value for p in fit.params if p.name == "forward_flops_per_s"), None)
-        if not r or r <= 0:
+        rates = {p.name: p.value for p in fit.params}
+        fwd, bwd = rates.get("forward_flops_per_s"), rates.get("backward_flops_per_s")
+        if not fwd or fwd <= 0 or not bwd or bwd <= 0:
             continue
-        groups.setdefault(_compute_key(scenario, sh.sets), []).append(math.log(r))
+        groups.setdefault(_compute_key(scenario, sh.sets), []).append(
+            math.log(3.0 / (1.0 / fwd + 2.0 / bwd)))
     n = sum(len(g) for g in groups.values())
-    dof = n - len(groups)
-    if dof < 2:
+    if n - len(groups) < 2:
         return 0.0
-    ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups.values())
-    return math.sqrt(ss / dof)
+    residuals = [x - statistics.median(g) for g in groups.values() if len(g) > 1 for x in g]
+    return MAD_TO_SD * statistics.median(abs(r) for r in residuals)
 
 
 def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,

@@ -234,26 +234,38 @@ def test_rebench_predicts_each_shape_with_the_compute_measured_right_before_it(t
         load_scenario(scn_path)
 
 
-def test_host_drift_is_the_pooled_spread_of_the_rebenched_compute_speed():
+def test_host_drift_is_the_robust_pooled_spread_of_the_rebenched_compute_speed():
     import math
 
     from simfed.calibration.samples import Samples, UnitSample
-    from simfed.calibration.validate import _host_drift, _Shape
+    from simfed.calibration.validate import MAD_TO_SD, _host_drift, _Shape
     from simfed.spec.scenario import ValidationShape
 
-    def shape(name: str, rate: float, sets: dict) -> _Shape:
-        units = [UnitSample(phase=ph, flops=f, time_s=f / rate, source="s")
+    def shape(name: str, rate: float, sets: dict, bwd: float | None = None) -> _Shape:
+        units = [UnitSample(phase=ph, flops=f, time_s=f / (bwd if bwd and ph == "backward"
+                                                          else rate), source="s")
                  for ph in ("forward", "backward") for f in (1e8, 4e8)]
         return _Shape("check", ValidationShape(name=name, set=sets), sets, ["fsdp"],
                       Samples(units=units))
 
     scn = load_scenario(TINY)
-    # one layout at 1, 2 and 4 GFLOP/s (ln spread: ln 2), and another micro-batch alone, whose
-    # speed is its own business: it adds no spread and no degree of freedom
+    # one layout at 1, 2 and 4 GFLOP/s (ln residuals from the median: -ln 2, 0, ln 2), and
+    # another micro-batch alone, whose speed is its own business: no spread, no degree of freedom
     shapes = [shape("a", 1e9, {}), shape("b", 2e9, {}), shape("c", 4e9, {}),
               shape("d", 9e9, {"training.micro_batch": 8})]
-    assert _host_drift(TINY, scn, shapes) == pytest.approx(math.log(2), rel=1e-3)
+    assert _host_drift(TINY, scn, shapes) == pytest.approx(MAD_TO_SD * math.log(2), rel=1e-3)
     assert _host_drift(TINY, scn, shapes[:2]) == 0.0  # one degree of freedom: no estimate
+    # robust: five re-benches within 2% and one at a third of the speed (run 25's outlier)
+    steady = [shape(f"s{i}", r, {}) for i, r in enumerate((1.00e9, 1.01e9, 0.99e9, 1.02e9,
+                                                           0.98e9))]
+    slow = shape("slow", 0.33e9, {})
+    spread = _host_drift(TINY, scn, [*steady, slow])
+    assert spread < 0.03
+    assert _host_drift(TINY, scn, steady) == pytest.approx(spread, abs=0.01)
+    # the backward counts: the same forward speed with a backward at half the speed
+    halved = [shape("a", 1e9, {}), shape("b", 1e9, {}, bwd=0.5e9), shape("c", 1e9, {}, bwd=0.25e9)]
+    assert _host_drift(TINY, scn, halved) == pytest.approx(
+        MAD_TO_SD * math.log((1 + 2 / 0.5) / (1 + 2)), rel=1e-3)
 
 
 def test_rebenches_of_one_compute_configuration_are_pooled_by_their_median():
@@ -264,7 +276,7 @@ def test_rebenches_of_one_compute_configuration_are_pooled_by_their_median():
     import math
 
     from simfed.calibration.samples import Samples, UnitSample
-    from simfed.calibration.validate import _host_drift, _pool_rebenches, _Shape
+    from simfed.calibration.validate import MAD_TO_SD, _host_drift, _pool_rebenches, _Shape
     from simfed.spec.scenario import ValidationShape
 
     def units(rate: float) -> list[UnitSample]:
@@ -288,4 +300,5 @@ def test_rebenches_of_one_compute_configuration_are_pooled_by_their_median():
     assert [u.time_s for u in shapes[3].samples.units] == pytest.approx(
         [u.time_s for u in units(9e9)])
     assert [u.time_s for u in base.units] == pytest.approx([u.time_s for u in units(0.5e9)])
-    assert _host_drift(TINY, load_scenario(TINY), shapes) == pytest.approx(math.log(2), rel=1e-3)
+    assert _host_drift(TINY, load_scenario(TINY), shapes) == pytest.approx(
+        MAD_TO_SD * math.log(2), rel=1e-3)
