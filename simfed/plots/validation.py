@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
 from .common import PHASE_COLORS, PHASE_ORDER, algorithm_color, new_figure
 
@@ -61,22 +62,38 @@ def _parity(ax, runs: list[Mapping[str, Any]]) -> None:
     ax.plot(line, line, color="0.3", linewidth=1, label="exact")
     ax.fill_between(line, line / 1.2, line * 1.2, color="0.85", label="within 20%")
     ax.fill_between(line, line / 1.1, line * 1.1, color="0.75", label="within 10%")
+    # fit shapes (developed on) hollow squares, held-out check shapes filled circles; a run is
+    # labelled only outside 10% (the others sit in the band and would only crowd it)
+    marker = {"fit": "s", "check": "o"}
     for i, r in enumerate(runs):
-        ax.scatter(meas[i], pred[i], color=algorithm_color(str(r.get("algorithm")), i),
-                   zorder=3, s=30)
+        split = str(r.get("split") or "")
+        color = algorithm_color(str(r.get("algorithm")), i)
+        ax.scatter(meas[i], pred[i], marker=marker.get(split, "o"), s=30, zorder=3,
+                   facecolors="none" if split == "fit" else color, edgecolors=color)
         err = 100 * (pred[i] - meas[i]) / meas[i]
-        ax.annotate(f"{_name(r, i)} ({err:+.0f}%)", (meas[i], pred[i]), fontsize=7,
-                    textcoords="offset points", xytext=(5, 3))
+        if round(abs(err)) > 10:  # as printed
+            ax.annotate(f"{_name(r, i)} ({err:+.0f}%)", (meas[i], pred[i]), fontsize=7,
+                        textcoords="offset points", xytext=(5, 3))
+    for split in marker:
+        if any(r.get("split") == split for r in runs):
+            ax.scatter([], [], marker=marker[split], s=30, color="0.4",
+                       facecolors="none" if split == "fit" else "0.4", label=f"{split} set")
     if hi / lo > 20:
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_aspect("equal", adjustable="box")
     ax.set_xlabel("measured step time (s)")
     ax.set_ylabel("predicted step time (s)")
     errs = np.abs(pred - meas) / meas
-    ax.set_title(f"Step time (mean |error| {100 * errs.mean():.0f}%)", fontsize=10)
+    splits = [(sp, errs[[r.get("split") == sp for r in runs]]) for sp in marker]
+    parts = [f"{sp} median |error| {100 * float(np.median(e)):.1f}%" for sp, e in splits if len(e)]
+    ax.set_title(f"Step time (mean |error| {100 * errs.mean():.0f}%)" + (
+        "\n" + ", ".join(parts) if parts else ""), fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(True, alpha=0.3)
 

@@ -169,6 +169,28 @@ def test_validation(tmp_path):
     check_saved(fig, tmp_path)
 
 
+def test_validation_marks_fit_and_check_apart():
+    runs = [dict(r, split=sp) for r, sp in zip(VALIDATE["runs"], ("fit", "check"), strict=True)]
+    runs.append({"name": "hsdp 4 nodes", "algorithm": "hsdp", "split": "fit",
+                 "predicted_step_time_s": 1.25, "measured_step_time_s": 1.0})
+    parity = plot_validation({"runs": runs}).axes[0]
+    title = parity.get_title()
+    # fit: +10% and +25% (median 17.5%); check: -9.1%
+    assert "fit median |error| 17.5%" in title and "check median |error| 9.1%" in title
+    assert [t.get_text() for t in parity.get_legend().get_texts()][-2:] == ["fit set",
+                                                                            "check set"]
+    from matplotlib.collections import PathCollection
+
+    points = [c for c in parity.collections
+              if isinstance(c, PathCollection) and len(c.get_offsets())]
+    assert len(points) == 3
+    assert points[1].get_facecolors()[0][3] == 1  # the check run: filled
+    assert all(len(p.get_facecolors()) == 0 or p.get_facecolors()[0][3] == 0
+               for p in (points[0], points[2]))  # fit runs: hollow
+    # labelled only outside 10%: the +25% run, not the -9.1% one
+    assert [t.get_text() for t in parity.texts] == ["hsdp 4 nodes (+25%)"]
+
+
 def test_validation_subsets():
     assert len(plot_validation({"speedups": VALIDATE["speedups"]}).axes) == 1
     runs = [{k: v for k, v in r.items() if "phases" not in k} for r in VALIDATE["runs"]]
