@@ -180,7 +180,8 @@ ALL_ON = {"runtime.shared_cores.comm_slowdown": 0.3, "runtime.shared_cores.comm_
           "runtime.shared_cores.compute_slowdown": 0.15, "runtime.shared_cores.compute_cv": 0.2,
           "runtime.shared_cores.group_drift_ms_per_sqrt_s": 60.0,
           "runtime.shared_cores.host_us_per_MB": {"all_reduce": 3000.0, "all_gather": 500.0},
-          "runtime.shared_cores.core_stack_Gbps": 0.6}
+          "runtime.shared_cores.core_stack_Gbps": 0.6,
+          "runtime.shared_cores.core_stack": True}  # testbed.yaml has it off since run 26
 
 
 @pytest.mark.parametrize("switch, coefficients", [
@@ -209,8 +210,8 @@ def test_each_mechanism_has_its_own_switch(switch, coefficients):
 
 
 def test_no_section_no_contention_model():
-    """Without runtime.shared_cores (every shipped scenario), the engine gets the no-op
-    default: one pass, no arrival bookkeeping."""
+    """Without shared-core coefficients (every shipped scenario: testbed.yaml only switches
+    core_stack off), the engine gets the no-op default: one pass, no arrival bookkeeping."""
     from simfed.contention import NO_CONTENTION
 
     for name in ("testbed.yaml", "512gpu.yaml"):
@@ -243,7 +244,8 @@ def test_core_stack_binds_only_where_a_core_carries_several_nodes():
         return simulate_algorithm(scn, scn.algorithm("fsdp")).result
 
     four = {k: v for k, v in FOUR.items() if k != "runtime.comm.overlap_compute"}
-    core = {"runtime.shared_cores.core_stack_Gbps": 0.6}
+    core = {"runtime.shared_cores.core_stack_Gbps": 0.6,
+            "runtime.shared_cores.core_stack": True}  # testbed.yaml has it off since run 26
     plain, slow = fsdp(four, 0.5), fsdp({**four, **core}, 0.5)
     wire = plain["exposed_comm_s"]
     assert slow["exposed_comm_s"] > 1.2 * wire
