@@ -108,3 +108,30 @@ def test_ring_ll128_with_one_gpu_per_node_follows_the_release():
     for version, f in (("2.18", 0.7), ("2.23", 0.92)):
         got = _ring_busbw(NcclModel(hw=hw, version=version), "all_gather", "LL128", 2, 2)
         assert got == pytest.approx(min(ring1 * f, 16 * 36.7e9))
+
+
+def test_validate_published_prints_the_calibrated_collectives_too():
+    """`simfed validate --published` also reports the collectives with the efficiency curve
+    fitted on the fit tables only (as `simfed calibrate` fits nccl-tests output), each set
+    apart, within collectives.yaml's calibrated claims."""
+    import io
+
+    from rich.console import Console
+
+    from simfed.calibration.published import collective_cases, print_published
+
+    calibrated = collective_cases(DEFAULT_FILE.parent, calibrated=True)
+    claims = yaml.safe_load(DEFAULT_FILE.read_text())["calibrated_claims"]
+    summary = summarise(calibrated)
+    for name in ("fit", "check"):
+        assert summary[name]["median_abs_error"] <= claims[name]["median_abs_error"]
+    # the curves move the prediction: not the uncalibrated rows
+    plain = collective_cases(DEFAULT_FILE.parent)
+    assert [r["size_bytes"] for r in plain] == [r["size_bytes"] for r in calibrated]
+    assert summary["fit"]["median_abs_error"] < summarise(plain)["fit"]["median_abs_error"]
+    out = io.StringIO()
+    print_published({"cases": [], "summary": {}, "collectives": [],
+                     "collectives_calibrated": calibrated}, Console(file=out, width=300))
+    text = out.getvalue()
+    assert re.search(r"collectives check, calibrated on the fit tables \(simfed calibrate\): "
+                     r"median \|busbw error\| \d+\.\d% over \d+ rows", text), text

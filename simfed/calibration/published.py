@@ -71,13 +71,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def collective_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
+def collective_cases(folder: Path = DEFAULT_DIR, *, calibrated: bool = False
+                     ) -> list[dict[str, Any]]:
     """Published nccl-tests bus bandwidths (`collectives.yaml`: tables and single points) against
-    the NCCL model's, one row per published size from 1 MiB (simfed.collectives.published)."""
-    from ..collectives.published import compare
+    the NCCL model's, one row per published size from 1 MiB (simfed.collectives.published);
+    `calibrated`: the model carrying the size-dependent efficiency fitted on the fit set's rows
+    only, as `simfed calibrate` fits it from nccl-tests output (the check rows are held out)."""
+    from ..collectives.published import compare, fit_set_curves
 
     path = folder / "collectives.yaml"
-    return compare(path) if path.is_file() else []
+    if not path.is_file():
+        return []
+    return compare(path, curves=fit_set_curves(path)[0]) if calibrated else compare(path)
 
 
 def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = None,
@@ -93,7 +98,8 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
                  f"{row['predicted']:,.0f} ({100 * row['error']:+.1f}%)")
         rows.append(row)
     return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
-            "collectives": collective_cases(folder)}
+            "collectives": collective_cases(folder),
+            "collectives_calibrated": collective_cases(folder, calibrated=True)}
 
 
 def print_published(res: dict[str, Any], console: Any) -> None:
@@ -112,6 +118,15 @@ def print_published(res: dict[str, Any], console: Any) -> None:
         from ..collectives.published import print_comparison
 
         print_comparison(res["collectives"], console)
+    if res.get("collectives_calibrated"):
+        from ..collectives.published import summarise as summarise_collectives
+
+        for name, s in summarise_collectives(res["collectives_calibrated"]).items():
+            w = s["worst"]
+            console.print(f"  collectives {name}, calibrated on the fit tables (simfed "
+                          f"calibrate): median |busbw error| {100 * s['median_abs_error']:.1f}% "
+                          f"over {s['rows']} rows; worst {w['table']} at {w['size_bytes']:,} B "
+                          f"{100 * w['error']:+.1f}%", highlight=False)
     for name, s in res["summary"].items():
         console.print(f"  {name}: median |error| {100 * s['median_abs_error']:.1f}% over "
                       f"{s['cases']} cases; worst {s['worst']['name']} "
