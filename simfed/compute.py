@@ -78,13 +78,38 @@ class ComputeModel:
 
     def recompute_s(self, unit: UnitSpec, forward_s: float, train: TrainingSpec) -> float:
         """Forward time re-run in the backward of `unit` under the checkpointing policy:
-        a decoder layer's whole forward when checkpointed; selective checkpoints a share of the
-        layers, spread evenly (layer i is checkpointed when floor(i f) > floor((i-1) f))."""
+        a decoder layer's forward when checkpointed; selective checkpoints a share of the
+        layers, spread evenly (layer i is checkpointed when floor(i f) > floor((i-1) f)).
+        With `training.checkpoint_early_stop` (PyTorch's non-reentrant checkpoint, whose
+        recomputation stops once every tensor saved for backward exists again:
+        torch/utils/checkpoint.py, set_checkpoint_early_stop, on by default since
+        pytorch/pytorch#96866, PyTorch 2.1) the layer's last kernels, which save nothing for
+        backward, are not re-run: the MLP's down projection (its input, the activation's output,
+        is saved before it runs) and the residual add after it (`early_stop_skipped_s`)."""
         frac = train.checkpointed_layers_fraction
         i = unit.index
         if i == 0 or frac <= 0:
             return 0.0
-        return forward_s if int(i * frac + 1e-9) > int((i - 1) * frac + 1e-9) else 0.0
+        if int(i * frac + 1e-9) <= int((i - 1) * frac + 1e-9):
+            return 0.0
+        if not train.checkpoint_early_stop:
+            return forward_s
+        return max(0.0, forward_s - self.early_stop_skipped_s(unit))
+
+    def early_stop_skipped_s(self, unit: UnitSpec) -> float:
+        """Time of a decoder layer's forward that early-stopped recomputation leaves out: the
+        MLP down-projection GEMM and the final residual add (one of the layer's two), with
+        their kernel gaps; in the constant model the down projection's FLOPs at the forward
+        efficiency."""
+        mdl = self.model
+        if mdl is None or unit.index == 0:
+            return 0.0
+        if not self.kernels_mode:
+            flops = 2.0 * mdl.hidden * mdl.ffn_hidden * self.tokens_per_gpu
+            return flops / (self.hw.peak_flops * self.rt.efficiency_forward)
+        ks = {k.name: k for k in self.unit_kernels(unit, "forward")}
+        return (ks["mlp down"].time_s + ks["residual add x2"].time_s / 2
+                + 2 * self.rt.kernel_gap_us * 1e-6)
 
     def optimizer_s(self, shard_params: float, model: ModelSpec, train: TrainingSpec) -> float:
         """AdamW over the local shard reads param, grad, m, v and writes param, m, v

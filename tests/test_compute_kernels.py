@@ -102,12 +102,40 @@ def test_eager_attention_is_slower_than_flash():
     ("selective", 0.25, 1)])
 def test_recompute_follows_the_checkpointing_policy(policy, fraction, expected):
     cm = _cm()
-    train = TrainingSpec(seq_len=4096, micro_batch=2, steps=1,
+    train = TrainingSpec(seq_len=4096, micro_batch=2, steps=1, checkpoint_early_stop=False,
                          activation_checkpointing=policy, checkpoint_fraction=fraction)
     units = MODEL.units(4096)
     re = [cm.recompute_s(u, 1.0, train) for u in units]
     assert re[0] == 0.0  # the root (embedding, head) is never re-run
     assert sum(re) == expected
+
+
+def test_early_stopped_recompute_leaves_out_the_down_projection_and_last_residual_add():
+    """PyTorch's non-reentrant checkpoint stops recomputing once every tensor saved for
+    backward exists again: the MLP down projection (its input is saved before it runs) and the
+    residual add after it are not re-run (tests/realrun/test_checkpoint_early_stop.py checks
+    this against the installed torch)."""
+    cm = _cm()
+    unit = MODEL.units(4096)[1]
+    fwd = cm.forward_s(unit)
+    ks = {k.name: k for k in cm.unit_kernels(unit, "forward")}
+    skipped = (ks["mlp down"].time_s + ks["residual add x2"].time_s / 2
+               + 2 * cm.rt.kernel_gap_us * 1e-6)
+    early = TrainingSpec(seq_len=4096, micro_batch=2, steps=1, activation_checkpointing="full")
+    full = TrainingSpec(seq_len=4096, micro_batch=2, steps=1, activation_checkpointing="full",
+                        checkpoint_early_stop=False)
+    assert cm.recompute_s(unit, fwd, full) == fwd
+    assert cm.recompute_s(unit, fwd, early) == pytest.approx(fwd - skipped)
+    # the down projection is about a fifth of a SwiGLU layer's forward
+    assert 0.1 < skipped / fwd < 0.3
+    # the constant model leaves out the down projection's FLOPs at the forward efficiency
+    from dataclasses import replace
+
+    const = _cm(rt=replace(RT, model="constant"))
+    cfwd = const.forward_s(unit)
+    down = 2.0 * MODEL.hidden * MODEL.ffn_hidden * 8192  # tokens per GPU
+    assert const.recompute_s(unit, cfwd, early) == pytest.approx(
+        cfwd - down / (const.hw.peak_flops * const.rt.efficiency_forward))
 
 
 def test_constant_model_is_the_fallback():

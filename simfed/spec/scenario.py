@@ -68,6 +68,12 @@ class TrainingSpec:
     checkpoint_fraction: float = param(
         1.0, ge=0, le=1, doc="selective: share of decoder layers checkpointed (1/k for every "
         "k-th layer)")
+    checkpoint_early_stop: bool = param(
+        True, doc="checkpointed layers are re-run by PyTorch's non-reentrant checkpoint (FSDP's "
+        "checkpoint_wrapper NO_REENTRANT, use_reentrant=False), which stops recomputing once "
+        "every tensor saved for backward exists again (default since PyTorch 2.1): a layer's "
+        "MLP down projection and last residual add are not re-run. false: the whole forward "
+        "(reentrant checkpointing, or PyTorch before 2.1)")
     grad_accum: int = param(
         1, ge=1, doc="micro-batches per optimizer step: the simulator runs each micro-batch as "
         "a step (FSDP FULL_SHARD reduces gradients every micro-batch) and charges it "
