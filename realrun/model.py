@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from simfed.spec import ModelSpec
 
@@ -97,7 +98,20 @@ class DecoderBlock(nn.Module):
         self.mlp_norm = RMSNorm(spec.hidden, spec.norm_eps, dtype, device)
         self.mlp = SwiGLU(spec, dtype, device)
 
+        # activation checkpointing (Llama.set_checkpointing): PyTorch's non-reentrant checkpoint
+        # inside the block's forward, so FSDP2's hooks (on the block's call) stay outside it,
+        # as torchtitan wraps blocks before fully_shard; early_stop as
+        # torch.utils.checkpoint.set_checkpoint_early_stop
+        self.checkpointed = False
+        self.early_stop = True
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed and torch.is_grad_enabled():
+            with set_checkpoint_early_stop(self.early_stop):
+                return checkpoint(self._block, x, cos, sin, use_reentrant=False)
+        return self._block(x, cos, sin)
+
+    def _block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)  # (B, T, D)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, D)
 
@@ -132,6 +146,20 @@ class Llama(nn.Module):
                 continue
             std = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else INIT_STD
             p.normal_(0.0, std)
+
+    def set_checkpointing(self, fraction: float, early_stop: bool = True) -> list[int]:
+        """Checkpoint a `fraction` of the decoder blocks, spread as simfed's recompute model
+        spreads them (simfed.compute: FSDP unit u = block index + 1 is checkpointed when
+        floor(u f) > floor((u - 1) f)); returns the checkpointed block indices."""
+        chosen = []
+        for i, layer in enumerate(self.layers):
+            u = i + 1
+            layer.checkpointed = fraction > 0 and int(u * fraction + 1e-9) > int(
+                (u - 1) * fraction + 1e-9)
+            layer.early_stop = early_stop
+            if layer.checkpointed:
+                chosen.append(i)
+        return chosen
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]

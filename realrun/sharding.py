@@ -6,7 +6,9 @@ group's sub-mesh, with the algorithm's prefetch settings.
 - hsdp, fl_hsdp: 2-D mesh (replicate, shard): sharded within `shard` ranks, replicated across
   `replicate`; FSDP2 adds an all-reduce of the gradient shard over the replicate dimension.
 Parameters keep the model dtype for compute and gradient reduction (pure bf16 as in the paper
-when model.dtype is bf16; fp32 for the CPU tiny model). No activation checkpointing.
+when model.dtype is bf16; fp32 for the CPU tiny model). Activation checkpointing, when the
+scenario asks for it, runs inside each checkpointed block's forward (realrun.model), below
+the block's FSDP2 hooks.
 
 Prefetch (FSDP2 has no "post" backward prefetch): forward_prefetch=true prefetches the next
 block's all-gather explicitly; backward_prefetch "pre" keeps FSDP2's default (one block ahead)

@@ -148,6 +148,9 @@ class Trainer:
         device = self.placement.device
         torch.manual_seed(sc.seed)  # every rank builds the same full model, then shards it
         self.model = Llama(sc.model, self.training.seq_len, device)
+        # training.activation_checkpointing / checkpoint_early_stop, as simfed charges them
+        self.checkpointed = self.model.set_checkpointing(
+            self.training.checkpointed_layers_fraction, self.training.checkpoint_early_stop)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.sharding = shard_model(self.model, self.mesh.model_mesh(), self.algo)
         self.opt, self.sched = build_optimizer(self.model, self.training, device)
@@ -199,6 +202,8 @@ class Trainer:
             "model": {"name": self.scenario.model.name, "params": self.params,
                       "dtype": self.scenario.model.dtype},
             "sharding": self.sharding,
+            "activation_checkpointing": {"blocks": self.checkpointed,
+                                         "early_stop": self.training.checkpoint_early_stop},
             "fedavg_dtype": self.algo.fedavg_dtype if self.fedavg else None,
             "clock": "seconds since a barrier before training",
             "comm_nbytes": "full buffer: all_gather output, reduce_scatter input, "

@@ -64,3 +64,30 @@ def test_lr_schedule_warms_up_from_zero_then_cosine_to_zero():
     assert f[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 57 / 58)))
     const = dataclasses.replace(t, lr_schedule="constant")
     assert [lr_factor(s, const) for s in (0, 6, 63)] == [0.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(("policy", "fraction", "blocks"), [
+    ("full", 1.0, [0, 1]), ("selective", 0.5, [1]), ("none", 1.0, [])])
+def test_activation_checkpointing_keeps_the_math_and_follows_simfeds_layer_choice(
+        policy, fraction, blocks):
+    """training.activation_checkpointing in realrun: the blocks simfed's recompute model
+    charges (unit u = block + 1 when floor(u f) > floor((u - 1) f)) run under PyTorch's
+    non-reentrant checkpoint; loss and gradients are those of the plain model."""
+    train = dataclasses.replace(SC.training, activation_checkpointing=policy,
+                                checkpoint_fraction=fraction)
+    spec = dataclasses.replace(SC.model, layers=2)
+    torch.manual_seed(0)
+    plain = Llama(spec, seq_len=16, device=torch.device("cpu"))
+    torch.manual_seed(0)
+    ckpt = Llama(spec, seq_len=16, device=torch.device("cpu"))
+    assert ckpt.set_checkpointing(train.checkpointed_layers_fraction,
+                                  train.checkpoint_early_stop) == blocks
+    tokens = torch.randint(0, spec.vocab, (2, 17))
+    losses = []
+    for model in (plain, ckpt):
+        loss = next_token_loss(model(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7), name
