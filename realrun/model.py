@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from simfed.spec import ModelSpec
+from simfed.spec import ModelSpec, TrainingSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INIT_STD = 0.02
@@ -147,19 +147,14 @@ class Llama(nn.Module):
             std = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else INIT_STD
             p.normal_(0.0, std)
 
-    def set_checkpointing(self, fraction: float, early_stop: bool = True) -> list[int]:
-        """Checkpoint a `fraction` of the decoder blocks, spread as simfed's recompute model
-        spreads them (simfed.compute: FSDP unit u = block index + 1 is checkpointed when
-        floor(u f) > floor((u - 1) f)); returns the checkpointed block indices."""
-        chosen = []
+    def set_checkpointing(self, training: TrainingSpec) -> list[int]:
+        """Checkpoint the decoder blocks simfed's recompute model charges
+        (`TrainingSpec.layer_checkpointed`: FSDP unit = block index + 1), with
+        `training.checkpoint_early_stop`; returns the checkpointed block indices."""
         for i, layer in enumerate(self.layers):
-            u = i + 1
-            layer.checkpointed = fraction > 0 and int(u * fraction + 1e-9) > int(
-                (u - 1) * fraction + 1e-9)
-            layer.early_stop = early_stop
-            if layer.checkpointed:
-                chosen.append(i)
-        return chosen
+            layer.checkpointed = training.layer_checkpointed(i + 1)
+            layer.early_stop = training.checkpoint_early_stop
+        return [i for i, layer in enumerate(self.layers) if layer.checkpointed]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]

@@ -149,8 +149,7 @@ class Trainer:
         torch.manual_seed(sc.seed)  # every rank builds the same full model, then shards it
         self.model = Llama(sc.model, self.training.seq_len, device)
         # training.activation_checkpointing / checkpoint_early_stop, as simfed charges them
-        self.checkpointed = self.model.set_checkpointing(
-            self.training.checkpointed_layers_fraction, self.training.checkpoint_early_stop)
+        self.checkpointed = self.model.set_checkpointing(self.training)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.sharding = shard_model(self.model, self.mesh.model_mesh(), self.algo)
         self.opt, self.sched = build_optimizer(self.model, self.training, device)

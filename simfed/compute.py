@@ -16,8 +16,8 @@ Two models, chosen by `runtime.compute.model`:
     `triton_attention_slowdown_forward/backward` (FlashAttention-2 paper, sec. 4.1).
   - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k
     (`model.position: rope`), q/k/v layout copies (not for the Triton kernel, which reads
-    strided views), the MLP activation, two residual adds per layer; embedding gather, final norm and
-    cross-entropy over the logits on the root unit; FSDP1's assembly of each unit's flat
+    strided views), the MLP activation, two residual adds per layer; embedding gather, final norm
+    and cross-entropy over the logits on the root unit; FSDP1's assembly of each unit's flat
     gradient (autograd's cat of the parameters' gradients), its cast to the reduce dtype and
     its in-place pre-division before the reduce-scatter. Backward moves
     about twice the forward's bytes (reads the saved input and the output gradient, writes the
@@ -78,19 +78,14 @@ class ComputeModel:
 
     def recompute_s(self, unit: UnitSpec, forward_s: float, train: TrainingSpec) -> float:
         """Forward time re-run in the backward of `unit` under the checkpointing policy:
-        a decoder layer's forward when checkpointed; selective checkpoints a share of the
-        layers, spread evenly (layer i is checkpointed when floor(i f) > floor((i-1) f)).
+        a decoder layer's forward when checkpointed (`TrainingSpec.layer_checkpointed`).
         With `training.checkpoint_early_stop` (PyTorch's non-reentrant checkpoint, whose
         recomputation stops once every tensor saved for backward exists again:
         torch/utils/checkpoint.py, set_checkpoint_early_stop, on by default since
         pytorch/pytorch#96866, PyTorch 2.1) the layer's last kernels, which save nothing for
         backward, are not re-run: the MLP's down projection (its input, the activation's output,
         is saved before it runs) and the residual add after it (`early_stop_skipped_s`)."""
-        frac = train.checkpointed_layers_fraction
-        i = unit.index
-        if i == 0 or frac <= 0:
-            return 0.0
-        if int(i * frac + 1e-9) <= int((i - 1) * frac + 1e-9):
+        if not train.layer_checkpointed(unit.index):
             return 0.0
         if not train.checkpoint_early_stop:
             return forward_s

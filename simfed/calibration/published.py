@@ -119,14 +119,10 @@ def print_published(res: dict[str, Any], console: Any) -> None:
 
         print_comparison(res["collectives"], console)
     if res.get("collectives_calibrated"):
-        from ..collectives.published import summarise as summarise_collectives
+        from ..collectives.published import print_summary
 
-        for name, s in summarise_collectives(res["collectives_calibrated"]).items():
-            w = s["worst"]
-            console.print(f"  collectives {name}, calibrated on the fit tables (simfed "
-                          f"calibrate): median |busbw error| {100 * s['median_abs_error']:.1f}% "
-                          f"over {s['rows']} rows; worst {w['table']} at {w['size_bytes']:,} B "
-                          f"{100 * w['error']:+.1f}%", highlight=False)
+        print_summary(res["collectives_calibrated"], console,
+                      ", calibrated on the fit tables (simfed calibrate)")
     for name, s in res["summary"].items():
         console.print(f"  {name}: median |error| {100 * s['median_abs_error']:.1f}% over "
                       f"{s['cases']} cases; worst {s['worst']['name']} "

@@ -140,9 +140,14 @@ def print_comparison(rows: list[dict[str, Any]], console: Any) -> None:
         t.add_row(r["table"], r["set"], f"{r['size_bytes']:,}", f"{r['published_GBps']:.1f}",
                   f"{r['predicted_GBps']:.1f}", f"{100 * r['error']:+.1f}%", r["algorithm"])
     console.print(t)
+    print_summary(rows, console)
+
+
+def print_summary(rows: list[dict[str, Any]], console: Any, how: str = "") -> None:
+    """One line per set: median and worst |busbw error| (`how` qualifies the model)."""
     for name, s in summarise(rows).items():
         w = s["worst"]
-        console.print(f"  collectives {name}: median |busbw error| "
+        console.print(f"  collectives {name}{how}: median |busbw error| "
                       f"{100 * s['median_abs_error']:.1f}% over {s['rows']} rows; worst "
                       f"{w['table']} at {w['size_bytes']:,} B {100 * w['error']:+.1f}%",
                       highlight=False)

@@ -105,6 +105,13 @@ class TrainingSpec:
         """Share of decoder layers whose forward is re-run in backward."""
         return {"none": 0.0, "full": 1.0}.get(self.ac_policy, self.checkpoint_fraction)
 
+    def layer_checkpointed(self, unit: int) -> bool:
+        """Whether decoder layer `unit` (FSDP unit index: 1 for the first layer, 0 the root,
+        never checkpointed) is re-run in backward: the checkpointed share spread evenly, layer
+        u when floor(u f) > floor((u - 1) f)."""
+        f = self.checkpointed_layers_fraction
+        return unit > 0 and f > 0 and int(unit * f + 1e-9) > int((unit - 1) * f + 1e-9)
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataSpec:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from realrun.model import Llama
 from simfed.spec import load_scenario

@@ -80,8 +80,7 @@ def test_activation_checkpointing_keeps_the_math_and_follows_simfeds_layer_choic
     plain = Llama(spec, seq_len=16, device=torch.device("cpu"))
     torch.manual_seed(0)
     ckpt = Llama(spec, seq_len=16, device=torch.device("cpu"))
-    assert ckpt.set_checkpointing(train.checkpointed_layers_fraction,
-                                  train.checkpoint_early_stop) == blocks
+    assert ckpt.set_checkpointing(train) == blocks
     tokens = torch.randint(0, spec.vocab, (2, 17))
     losses = []
     for model in (plain, ckpt):
