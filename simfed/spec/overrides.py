@@ -4,6 +4,7 @@ realrun run, bench, testbed): dotted scenario keys with YAML values, read under
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,6 +14,7 @@ from .yamlio import parse_yaml
 # YAML 1.1 reads these as booleans; scenario keys that take them (e.g. runtime.host.debug_checks)
 # are choices spelled as words, so a value on the command line stays the word it was typed as
 _WORDS = ("on", "off", "yes", "no", "y", "n")
+_VERSION = re.compile(r"\s*\d+(\.\d+)+\s*$")
 
 
 def parse_sets(items: Iterable[str], option: str = "--set") -> dict[str, Any]:
@@ -24,8 +26,8 @@ def parse_sets(items: Iterable[str], option: str = "--set") -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise SpecError(f"{option} {item!r}: expected KEY=VALUE, e.g. cluster.nodes=64")
-        if raw.strip().lower() in _WORDS:
-            out[key] = raw.strip()
+        if raw.strip().lower() in _WORDS or (key.endswith("version") and _VERSION.match(raw)):
+            out[key] = raw.strip()  # a version stays as typed: 2.20 is not the number 2.2
             continue
         out[key] = parse_yaml(raw, f"{option} {key}")  # bounded: simfed.spec.yamlio
     return out

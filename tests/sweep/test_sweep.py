@@ -272,6 +272,9 @@ def test_sweep_set_is_parsed_as_simfed_run_parses_it(tmp_path):
 
     assert parse_sets(["runtime.host.debug_checks=off", "cluster.nodes=3"]) == {
         "runtime.host.debug_checks": "off", "cluster.nodes": 3}
+    # a version stays as typed (YAML would read 2.20 as the number 2.2)
+    assert parse_sets(["runtime.comm.nccl_version=2.20", "training.lr=2.5"]) == {
+        "runtime.comm.nccl_version": "2.20", "training.lr": 2.5}
     with pytest.raises(SpecError, match=r"--set 'cluster\.nodes': expected KEY=VALUE"):
         parse_sets(["cluster.nodes"])
     res = CliRunner().invoke(main, ["sweep", TINY, "--vary", "cluster.nodes=2",
