@@ -30,7 +30,7 @@ from pathlib import Path
 from simfed.spec import load_scenario, read_trace
 from simfed.spec.overrides import parse_sets
 
-from .config import parse_window, resolve_data_path, select_algorithms
+from .config import check_runnable, parse_window, resolve_data_path, select_algorithms
 from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_PEER_LOST, RealrunError
 from .torchrun import start as start_job
 from .torchrun import torchrun_argv
@@ -64,6 +64,7 @@ def validate(req: RunRequest) -> tuple[int, bool]:
     """Check what can be checked before starting processes; returns (nproc, debug detail)."""
     sc = load_scenario(req.scenario, parse_sets(req.overrides))
     select_algorithms(sc, req.algorithm)
+    check_runnable(sc)
     if sc.data.source != "synthetic":
         if not sc.data.path:
             raise RealrunError(f"data.path: required for data.source {sc.data.source}")

@@ -47,7 +47,7 @@ from simfed.spec.overrides import parse_sets
 from simfed.spec.rounds import ends_round
 
 from .collectives import CollectiveTap
-from .config import parse_window, select_algorithms
+from .config import check_runnable, parse_window, select_algorithms
 from .data import EVAL_STREAM, TRAIN_STREAM, Sampler, eval_sequences, load_corpus, make_batch
 from .errors import (
     EXIT_BAD_INPUT,
@@ -104,6 +104,7 @@ class Launch:
         self.scenario_path = Path(args.scenario)
         self.scenario = sc = load_scenario(self.scenario_path, parse_sets(args.overrides))
         self.algorithms = select_algorithms(sc, args.algorithm)
+        check_runnable(sc)
         self.window = parse_window(args.profile_steps)
         self.placement = Placement.from_env(args.device)
         world = sc.cluster.world

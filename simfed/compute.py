@@ -24,6 +24,15 @@ Two models, chosen by `runtime.compute.model`:
     input gradient).
   - a fixed `kernel_gap_us` between consecutive kernels (launch and tail effects).
   Recompute under activation checkpointing re-runs a checkpointed layer's forward kernels.
+  - `training.float8` (torchao.float8's Float8Linear on the decoder layers' linears; the LM head
+    stays in the model dtype): the three GEMMs of each linear (output, input gradient, weight
+    gradient) at the FP8 peak x `gemm_efficiency` x `gemm_efficiency_fp8_relative`, float8
+    operands (1 byte) and bf16 outputs, plus the casts torchao runs (`_float8_casts`).
+  - `training.compile` (torch.compile of each decoder layer): the memory-bound kernels between
+    two GEMM / attention kernels become one kernel that reads its inputs and writes its outputs
+    once (`_compiled_regions`), and float8's scale reductions fuse into the kernel producing
+    the tensor. Eager norms are already one kernel each here (fused norm kernels), so what
+    compile saves is RoPE's own pass, one residual-add read and kernel launches.
 The optimizer step reads and writes its state at HBM bandwidth (both models).
 """
 
@@ -58,6 +67,10 @@ class ComputeModel:
     attention: str = "flash"  # flash | eager
     cross_entropy: str = "pytorch"  # pytorch | fused
     reduce_nbytes: int = 0  # gradient reduce dtype's bytes (0: the model dtype's)
+    float8: str = "none"  # none | tensorwise | rowwise (training.float8)
+    float8_all_gather: bool = True  # tensorwise: FSDP all-gathers the weights in float8
+    compile: bool = False  # training.compile
+    norm_kernel: str = "fused"  # fused | composite (training.norm_kernel)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -103,8 +116,9 @@ class ComputeModel:
             flops = 2.0 * mdl.hidden * mdl.ffn_hidden * self.tokens_per_gpu
             return flops / (self.hw.peak_flops * self.rt.efficiency_forward)
         ks = {k.name: k for k in self.unit_kernels(unit, "forward")}
-        return (ks["mlp down"].time_s + ks["residual add x2"].time_s / 2
-                + 2 * self.rt.kernel_gap_us * 1e-6)
+        residual = (ks["residual add x2"].time_s / 2 if "residual add x2" in ks
+                    else ks["residual add"].time_s)  # compiled: the last region alone
+        return ks["mlp down"].time_s + residual + 2 * self.rt.kernel_gap_us * 1e-6
 
     def optimizer_s(self, shard_params: float, model: ModelSpec, train: TrainingSpec) -> float:
         """AdamW over the local shard reads param, grad, m, v and writes param, m, v
@@ -150,6 +164,15 @@ class ComputeModel:
                 nbytes / (self.hw.hbm_Bps * self.rt.hbm_efficiency))
         return Kernel(name, flops, nbytes, t)
 
+    def gemm_fp8(self, name: str, m: int, n: int, k: int) -> Kernel:
+        """A float8 GEMM (torch._scaled_mm): float8 operands, bf16 output, at the FP8 peak."""
+        flops = 2.0 * m * n * k
+        nbytes = float(m * k + k * n + 2 * m * n)
+        eff = self.gemm_efficiency(m, n, k) * self.rt.gemm_efficiency_fp8_relative
+        t = max(flops / (self.hw.peak_flops_fp8 * eff),
+                nbytes / (self.hw.hbm_Bps * self.rt.hbm_efficiency))
+        return Kernel(name, flops, nbytes, t)
+
     def memory_bound(self, name: str, nbytes: float) -> Kernel:
         return Kernel(name, 0.0, nbytes, nbytes / (self.hw.hbm_Bps * self.rt.hbm_efficiency))
 
@@ -181,6 +204,83 @@ class ComputeModel:
                 out.append(self.gemm(f"{name} wgrad", k, n, m))
         return out
 
+    def _gemms_fp8(self, fwd: list[tuple[str, int, int, int]], direction: str
+                   ) -> list[Kernel]:
+        """Float8Linear: each linear's GEMMs in float8 and the casts feeding them."""
+        out = []
+        for name, m, n, k in fwd:
+            if n % 16 or k % 16:  # torchtitan's module_filter_fn: float8 needs dims % 16 == 0
+                out.extend(self._gemms([(name, m, n, k)], direction))
+                continue
+            if direction == "forward":
+                out.append(self.gemm_fp8(name, m, n, k))
+            else:
+                out.append(self.gemm_fp8(f"{name} dgrad", m, k, n))
+                out.append(self.gemm_fp8(f"{name} wgrad", k, n, m))
+            out.extend(self.memory_bound(f"{name} fp8 {what}", nbytes)
+                       for what, nbytes in self._float8_casts(m, n, k, direction))
+        return out
+
+    def _float8_casts(self, m: int, n: int, k: int, direction: str
+                      ) -> list[tuple[str, float]]:
+        """The casts (one kernel each, bytes moved) torchao.float8 runs for a linear with input
+        X (m x k), weight W (n x k) and output gradient dY (m x n), from its code
+        (pytorch/ao @36027d8: float8/float8_linear.py matmul_with_hp_or_float8_args,
+        float8_utils.py, float8_ops.py preprocess_addmm) and its roofline model
+        (torchao/testing/training/roofline_utils.py, get_tensor_memory_traffic_ovhd_s):
+        - tensorwise: a scale is fp8_max / amax over the whole tensor, a reduction pass (read 2
+          bytes an element) before the cast (read 2, write 1); torch._scaled_mm needs its
+          second operand column-major (cuBLASLt's FP8 "TN" rule), so the input and dY (for the
+          weight gradient) and W (for the input gradient) also need transposed float8 copies.
+          Eager: the bf16 input is saved and re-cast in backward. Compiled: the amax fuses into
+          the kernel producing the tensor, and one cast kernel writes both layouts (read 2,
+          write 2), the transposed input kept for backward. FSDP's float8 all-gather casts the
+          weight shard before gathering (its amax precomputed once a step for all weights:
+          1/shard of the work, not charged); its transposed copy is still made for dX.
+        - rowwise: per-row scales along each GEMM's reduction dimension, so each of X, W, dY is
+          cast twice along different axes (compiled, the roofline's two kernels: read 2, write
+          1 + 2 bf16 transposed; then read 2, write 1); the backward GEMMs run cuBLAS's
+          tensorwise kernel with unit scales and an elementwise post-scale (pytorch/ao#1325),
+          fused into its consumer when compiled; weights all-gathered in bf16."""
+        x, w, dy = float(m * k), float(n * k), float(m * n)
+        fwd, comp = direction == "forward", self.compile
+        casts: list[tuple[str, float]] = []
+        if self.float8 == "tensorwise":
+            plain = [("amax", 2.0), ("cast", 3.0)]
+            with_t = [*plain, ("transpose", 2.0)]
+            ag8 = self.float8_all_gather
+            if fwd:
+                casts += [(f"input {w_}", b * x) for w_, b in
+                          ([("cast+transpose", 4.0)] if comp else plain)]
+                if not ag8:
+                    casts += [(f"weight {w_}", b * w) for w_, b in
+                              ([("amax", 2.0), ("cast+transpose", 4.0)] if comp else plain)]
+            else:
+                casts += [(f"dY {w_}", b * dy) for w_, b in
+                          ([("cast+transpose", 4.0)] if comp else with_t)]
+                if not comp:
+                    casts += [(f"input {w_}", b * x) for w_, b in with_t]
+                if ag8:
+                    casts.append(("weight transpose", 2.0 * w))
+                elif not comp:
+                    casts += [(f"weight {w_}", b * w) for w_, b in with_t]
+        else:  # rowwise
+            two_axes = [("cast dim0+transpose", 5.0), ("cast dim1", 3.0)]
+            eager_dim0 = [("amax", 2.0), ("cast", 3.0)]
+            eager_dim1 = [("transpose", 4.0), ("amax dim1", 2.0), ("cast dim1", 3.0)]
+            if fwd:
+                for who, el in (("input", x), ("weight", w)):
+                    casts += [(f"{who} {w_}", b * el) for w_, b in
+                              (two_axes if comp else eager_dim0)]
+            else:
+                casts += [(f"dY {w_}", b * dy) for w_, b in
+                          (two_axes if comp else eager_dim0 + eager_dim1)]
+                if not comp:
+                    for who, el in (("input", x), ("weight", w)):
+                        casts += [(f"{who} {w_}", b * el) for w_, b in eager_dim1]
+                    casts += [("dgrad post-scale", 4.0 * x), ("wgrad post-scale", 4.0 * w)]
+        return casts
+
     def _layer_kernels(self, unit: UnitSpec, direction: str) -> list[Kernel]:
         mdl = self.model
         assert mdl is not None
@@ -188,7 +288,9 @@ class ComputeModel:
         p = mdl.dtype_nbytes
         mlp = ([("mlp gate+up", t, 2 * f, d), ("mlp down", t, d, f)] if mdl.mlp == "swiglu"
                else [("mlp up", t, f, d), ("mlp down", t, d, f)])
-        ks = self._gemms([("qkv", t, d + 2 * kv, d), ("attn out", t, d, d), *mlp], direction)
+        linears = [("qkv", t, d + 2 * kv, d), ("attn out", t, d, d), *mlp]
+        ks = (self._gemms_fp8(linears, direction) if self.float8 != "none"
+              else self._gemms(linears, direction))
         bwd = direction == "backward"
         if self.attention in ("flash", "triton"):
             attn_fwd = mdl.attention_core_flops_per_token(self.seq_len, self.rt.causal_skip) * t
@@ -204,7 +306,19 @@ class ComputeModel:
             # scale+mask+softmax: write scores, read them, write probabilities (x2 backward)
             ks.append(self.memory_bound("softmax", 3.0 * 2 * h * s_ * t * (2 if bwd else 1)))
         act_elems = 3 * f if mdl.mlp == "swiglu" else 2 * f  # read gate, up; write product
-        fwd_bytes = {"rmsnorm x2": 2 * 2 * t * d * p}
+        fwd_bytes = (self._compiled_regions(t, d, kv, act_elems, p) if self.compile
+                     else self._eager_memory_bound(t, d, kv, act_elems, p))
+        for name, b in fwd_bytes.items():
+            ks.append(self.memory_bound(name, b * (2.0 if bwd else 1.0)))
+        if bwd:
+            ks.append(self.fsdp_grad_kernel(unit))
+        return ks
+
+    def _eager_memory_bound(self, t: int, d: int, kv: int, act_elems: int, p: int
+                            ) -> dict[str, float]:
+        """A layer's memory-bound kernels run eagerly: name -> forward bytes."""
+        mdl = self.model
+        fwd_bytes = {"rmsnorm x2": 2 * self._norm_bytes_per_element(p) * t * d}
         if mdl.position == "rope":
             fwd_bytes["rope q,k"] = 2 * t * (d + kv) * p
         if self.attention != "triton":
@@ -214,11 +328,39 @@ class ComputeModel:
             # no copies (llmfoundry/models/layers/attention.py, v0.3.0)
             fwd_bytes["qkv layout"] = 2 * t * (d + 2 * kv) * p + 2 * t * d * p
         fwd_bytes |= {"mlp activation": t * act_elems * p, "residual add x2": 2 * 3 * t * d * p}
-        for name, b in fwd_bytes.items():
-            ks.append(self.memory_bound(name, b * (2.0 if bwd else 1.0)))
-        if bwd:
-            ks.append(self.fsdp_grad_kernel(unit))
-        return ks
+        return fwd_bytes
+
+    def _norm_bytes_per_element(self, p: int) -> float:
+        """Bytes an eager norm moves per element: fused, read x and write y (2p); composite,
+        PyTorch's composite RMSNorm (aten rms_norm before its fused kernel: input.to(fp32),
+        pow(2), mean, add eps + rsqrt per row, multiply, type_as, multiply by the weight):
+        (p + 4) + 8 + 4 + 8 + (4 + p) + 2p = 24 + 4p."""
+        return 2.0 * p if self.norm_kernel == "fused" else 24.0 + 4.0 * p
+
+    def _compiled_regions(self, t: int, d: int, kv: int, act_elems: int, p: int
+                          ) -> dict[str, float]:
+        """A compiled layer's memory-bound kernels: Inductor leaves GEMMs and attention as
+        library kernels and fuses each run of pointwise / reduction ops between them into one
+        Triton kernel (torchtitan compiles each TransformerBlock, fullgraph: pytorch/torchtitan
+        v0.2.0 models/llama3/infra/parallelize.py apply_compile; residual add + RMSNorm as one
+        persistent reduction: meta-pytorch/tritonbench#994; silu x mul one pointwise kernel):
+        the first norm (read x, write its output); RoPE on q and k with the q/k/v layout copy
+        for the attention kernel (read and write q, k, v once); the attention output's layout
+        copy; residual add + second norm (read x and the attention output, write both sums);
+        the MLP activation; the last residual add. Name -> forward bytes."""
+        mdl = self.model
+        rope = mdl.position == "rope"
+        copies = self.attention != "triton"
+        regions = {"rmsnorm": 2 * t * d * p}
+        if copies:
+            regions["rope+qkv layout" if rope else "qkv layout"] = 2 * t * (d + 2 * kv) * p
+            regions["attn out layout"] = 2 * t * d * p
+        elif rope:
+            regions["rope q,k"] = 2 * t * (d + kv) * p
+        regions |= {"residual add+rmsnorm": 4 * t * d * p,
+                    "mlp activation": t * act_elems * p,
+                    "residual add": 3 * t * d * p}
+        return regions
 
     def fsdp_grad_kernel(self, unit: UnitSpec) -> Kernel:
         """FSDP1's work on a unit's unsharded gradient before the reduce-scatter:
@@ -246,7 +388,8 @@ class ComputeModel:
         # and the activations, write the sum) and final norm
         emb = (2 + (3 if mdl.position == "learned" else 0)) * t * d * p
         ks.append(self.memory_bound("embedding", emb * (2.0 if bwd else 1.0)))
-        ks.append(self.memory_bound("final rmsnorm", 2 * t * d * p * (2.0 if bwd else 1.0)))
+        ks.append(self.memory_bound("final rmsnorm", self._norm_bytes_per_element(p) * t * d
+                                    * (2.0 if bwd else 1.0)))
         # cross-entropy in fp32 over the logits: forward reads the bf16 logits and writes an
         # fp32 copy, log-softmax reads it and writes fp32 (p + 4 + 4 + 4 bytes per logit);
         # backward writes the fp32 softmax gradient, reads it and writes the bf16 gradient.

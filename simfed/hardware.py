@@ -39,6 +39,7 @@ class Hardware:
     ranks_per_core: float = 1.0  # CPU testbeds: ranks sharing a host core when all run
     node_cores: tuple[frozenset[int], ...] = ()  # CPU testbeds: a node's host cores (or none)
     sms: int = 0  # streaming multiprocessors (0: not modelled)
+    peak_flops_fp8: float = 0.0  # dense FP8 tensor-core peak (0: no FP8)
 
     @classmethod
     def from_spec(cls, cluster: ClusterSpec, runtime: RuntimeSpec) -> Hardware:
@@ -49,6 +50,7 @@ class Hardware:
             gpus_per_node=n.gpus,
             gpu_name=n.gpu.name,
             peak_flops=tflops_to_flops(n.gpu.peak_tflops),
+            peak_flops_fp8=tflops_to_flops(n.gpu.peak_tflops_fp8),
             memory_bytes=GiB_to_bytes(n.gpu.memory_GiB),
             hbm_Bps=GBps_to_Bps(n.gpu.hbm_bw_GBps),
             nvlink_topology=n.nvlink.topology,

@@ -101,6 +101,7 @@ class StepTimes:
     shard_params: int
     fedavg_local_s: float = 0.0  # flatten/cast/divide/copy-back around the FedAvg all-reduce
     reduce_factor: float = 1.0  # gradient reduce dtype bytes / parameter dtype bytes
+    gather_nbytes: tuple[int, ...] = ()  # all-gathered bytes per unit (float8; () = unit_nbytes)
     outer_s: float = 0.0  # the outer optimizer's elementwise step after the average (DiLoCo)
 
 
@@ -134,7 +135,8 @@ def build_program(
         # the step's first all-gather reads parameters the previous step's update wrote
         op = add(kind=OpKind.COLLECTIVE, stream=STREAM_OF[SHARD], phase=phase,
                  name=f"all_gather u{unit}",
-                 unit=unit, collective="all_gather", pg=SHARD, nbytes=t.unit_nbytes[unit],
+                 unit=unit, collective="all_gather", pg=SHARD,
+                 nbytes=(t.gather_nbytes or t.unit_nbytes)[unit],
                  alloc_unit=unit, after_prev_step=unit == 0 and phase == FWD)
         gathers.append(op)
         return op

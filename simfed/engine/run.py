@@ -58,7 +58,9 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     cm = ComputeModel(hw=hw, rt=scn.runtime.compute, tokens_per_gpu=tokens_gpu, model=model,
                       seq_len=train.seq_len, attention=train.attention,
                       cross_entropy=train.cross_entropy,
-                      reduce_nbytes=dtype_nbytes(train.reduce_dtype or model.dtype))
+                      reduce_nbytes=dtype_nbytes(train.reduce_dtype or model.dtype),
+                      float8=train.float8, compile=train.compile,
+                      norm_kernel=train.norm_kernel)
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
     rt = scn.runtime.compute
@@ -77,6 +79,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         forward_s=fwd,
         backward_s=bwd,
         unit_nbytes=tuple(u.nbytes for u in units),
+        gather_nbytes=tuple(gathered_nbytes(model, u, train) for u in units),
         optimizer_s=(cm.optimizer_s(shard_params, model, train)
                      + us_to_s(rt.optimizer_overhead_us)) / train.grad_accum,
         shard=plan.shard, replicate=plan.replicate, groups=plan.groups,
@@ -116,6 +119,17 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     return AlgorithmRun(result=result, spans=spans, events=ops)
 
 
+def gathered_nbytes(model, unit, train) -> int:
+    """Bytes FSDP all-gathers for a unit: its parameters in the model dtype, but with
+    `training.float8: tensorwise` (FSDP's float8 all-gather, torchao float8/fsdp_utils.py:
+    the weight shard cast to float8 before the all-gather, 1 byte an element) a decoder
+    layer's linear weights in float8; norms, the embedding and the LM head stay as they are."""
+    if train.float8 != "tensorwise" or unit.index == 0:
+        return unit.nbytes
+    linear = model.attention_params + model.mlp_params
+    return int(unit.nbytes - linear * (model.dtype_nbytes - 1))
+
+
 def _step_times_at(scn: Scenario, kw: dict[str, Any], factors: Any, agg: set[int]
                    ) -> list[float]:
     """Step times of one federation group whose every rank runs at these factors (links as the
@@ -143,7 +157,8 @@ def _interfered(scn: Scenario, hw: Hardware, plan, units, fwd, bwd, cm: ComputeM
     share = scn.runtime.comm.sm_share
     out_f, out_b = [], []
     for u, f, b in zip(units, fwd, bwd, strict=True):
-        ag = nccl.time_s("all_gather", u.nbytes, plan.shard, shard_nodes)
+        ag = nccl.time_s("all_gather", gathered_nbytes(scn.model, u, scn.training), plan.shard,
+                         shard_nodes)
         rs = nccl.time_s("reduce_scatter", u.nbytes * red, plan.shard, shard_nodes)
         ar = (nccl.time_s("all_reduce", u.nbytes * red / plan.shard, plan.replicate,
                           max(1, plan.replicate * plan.shard // g // max(1, shard_nodes)))

@@ -18,6 +18,9 @@ class GpuSpec:
     name: str = param("gpu")
     peak_tflops: float = param(gt=0, doc="dense peak TFLOP/s in the model dtype (bf16)")
     peak_tflops_fp32: float = param(0.0, ge=0, doc="dense fp32 peak (informational)")
+    peak_tflops_fp8: float = param(
+        0.0, ge=0, doc="dense FP8 tensor-core peak TFLOP/s (0: the GPU has no FP8 tensor cores; "
+        "training.float8 needs it)")
     memory_GiB: float = param(gt=0)
     hbm_bw_GBps: float = param(gt=0, doc="memory bandwidth")
     sms: int = param(0, ge=0, doc="streaming multiprocessors (GEMM wave quantisation; 0 = "

@@ -52,6 +52,11 @@ class ComputeRuntime:
         ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85)), min_length=1,
         doc="kernels: output tiles (rows, cols, relative efficiency) a GEMM library picks "
         "from; the best of tile-quantisation x wave-quantisation x relative efficiency wins")
+    gemm_efficiency_fp8_relative: float = param(
+        0.88, gt=0, le=1.5, doc="kernels, training.float8: a large float8 GEMM's achieved "
+        "fraction of the FP8 peak over a bf16 GEMM's of the bf16 peak (stas00/ml-engineering "
+        "compute/accelerator/README.md @744d01e, maximum achievable matmul FLOPS, H100 SXM, "
+        "torch 2.7.0+cu126: FP8 1402.6 of 1979 = 70.9%, BF16 794.5 of 989 = 80.3%: 0.88)")
     attention_efficiency_forward: float = param(
         0.6, gt=0, le=1, doc="kernels: fused (flash) attention forward, achieved / peak")
     attention_efficiency_backward: float = param(

@@ -94,6 +94,25 @@ class TrainingSpec:
         "the loss); fused (flash-attn's xentropy, llm-foundry's MPT default): bf16 logits, "
         "gradient in place (2 bytes)")
 
+    norm_kernel: str = param(
+        "fused", choices=("fused", "composite"),
+        doc="eager normalisation layers: fused (one kernel: F.layer_norm, apex / flash-attn "
+        "fused RMSNorm) or composite (PyTorch's RMSNorm as separate ops through fp32: cast, "
+        "pow, mean, rsqrt, two multiplies, cast back; torch.nn.RMSNorm before a fused kernel, "
+        "hand-written RMSNorm modules); compiled layers fuse it either way")
+    float8: str = param(
+        "none", choices=("none", "tensorwise", "rowwise"),
+        doc="torchao float8 training (torchao.float8 Float8Linear, as torchtitan applies it): "
+        "every decoder layer's linear layers (attention q/k/v and output, MLP) run their "
+        "GEMMs in float8 with dynamic scales per tensor (tensorwise) or per row (rowwise); "
+        "the embedding and the LM head stay in the model dtype. tensorwise: FSDP all-gathers "
+        "those weights in float8 (enable_fsdp_float8_all_gather). Needs a GPU with "
+        "cluster.node.gpu.peak_tflops_fp8 and runtime.compute.model: kernels")
+    compile: bool = param(
+        False, doc="torch.compile of each decoder layer (torchtitan's per-block compile): "
+        "Inductor fuses the memory-bound kernels between two GEMMs / attention kernels into one "
+        "that reads its inputs and writes its outputs once")
+
     @property
     def ac_policy(self) -> str:
         """none | full | selective."""
@@ -380,6 +399,7 @@ class Scenario:
                             f"compute factor 1 +- sigma stays positive), got "
                             f"{self.stragglers.jitter.sigma}")
         self._check_validation()
+        self._check_float8()
         for i, a in enumerate(self.algorithms):
             try:
                 a.plan(self.cluster)
@@ -395,6 +415,21 @@ class Scenario:
         for g in self.stragglers.slow_gpus:
             if g.rank >= world:
                 raise SpecError(f"stragglers: rank {g.rank} does not exist ({world} GPUs)")
+
+    def _check_float8(self) -> None:
+        """training.float8 needs FP8 tensor cores and the per-kernel compute model."""
+        f8 = self.training.float8
+        if f8 == "none":
+            return
+        gpu = self.cluster.node.gpu
+        if gpu.peak_tflops_fp8 <= 0:
+            raise SpecError(f"training.float8: {f8} needs FP8 tensor cores; "
+                            f"cluster.node.gpu.peak_tflops_fp8 is 0 for {gpu.name} (H100 SXM: "
+                            "1979 dense)")
+        if self.runtime.compute.model != "kernels":
+            raise SpecError(f"training.float8: {f8} needs runtime.compute.model: kernels "
+                            f"(it is {self.runtime.compute.model!r}: one efficiency constant "
+                            "cannot tell float8 GEMMs from the rest)")
 
     def _check_validation(self) -> None:
         """Every validation shape's and bench set's overrides give a valid scenario, and a
