@@ -98,11 +98,38 @@ class ComputeModel:
         pytorch/pytorch#96866, PyTorch 2.1) the layer's last kernels, which save nothing for
         backward, are not re-run: the MLP's down projection (its input, the activation's output,
         is saved before it runs) and the residual add after it (`early_stop_skipped_s`)."""
+        if train.ac_policy == "op":
+            return self.op_recompute_s(unit)
         if not train.layer_checkpointed(unit.index):
             return 0.0
         if not train.checkpoint_early_stop:
             return forward_s
         return max(0.0, forward_s - self.early_stop_skipped_s(unit))
+
+    def op_recompute_s(self, unit: UnitSpec) -> float:
+        """torchtitan's selective op checkpointing (pytorch/torchtitan v0.2.0,
+        torchtitan/distributed/activation_checkpoint.py `_custom_policy` with
+        models/llama3/infra/parallelize.py `_op_sac_save_list`): a layer saves the outputs of
+        aten.mm and of the attention kernel except every second mm; in call order (wq, wk, wv,
+        wo, w1, w3, w2) wk, wo and w3 are re-run in backward, with every memory-bound kernel
+        (their outputs are not saved). Here: wk's share of the fused q/k/v GEMM, the output
+        projection, half the fused gate/up GEMM (a GELU MLP: the up projection), the
+        forward's memory-bound kernels, one kernel gap each."""
+        if unit.index == 0 or self.model is None:
+            return 0.0
+        mdl = self.model
+        if not self.kernels_mode:  # the three matmuls' FLOPs at the forward efficiency
+            f_up = mdl.ffn_hidden
+            flops = 2.0 * mdl.hidden * (mdl.kv_dim + mdl.hidden + f_up) * self.tokens_per_gpu
+            return flops / (self.hw.peak_flops * self.rt.efficiency_forward)
+        ks = self.unit_kernels(unit, "forward")
+        by = {k.name: k for k in ks}
+        d, kv = mdl.hidden, mdl.kv_dim
+        up = by["mlp gate+up"].time_s / 2 if "mlp gate+up" in by else by["mlp up"].time_s
+        gemms = by["qkv"].time_s * kv / (d + 2 * kv) + by["attn out"].time_s + up
+        mem = [k for k in ks if k.flops == 0]
+        return (gemms + sum(k.time_s for k in mem)
+                + (3 + len(mem)) * self.rt.kernel_gap_us * 1e-6)
 
     def early_stop_skipped_s(self, unit: UnitSpec) -> float:
         """Time of a decoder layer's forward that early-stopped recomputation leaves out: the

@@ -50,6 +50,9 @@ def activation_bytes(model: ModelSpec, train: TrainingSpec) -> float:
     p = model.dtype_nbytes
     tokens = train.micro_batch * train.seq_len
     act_layer = model.layer_activation_bytes_per_token(train.seq_len, train.attention)
+    if train.ac_policy == "op":  # every layer keeps its input and the saved ops' outputs
+        return float(tokens * (model.layers * model.layer_op_sac_bytes_per_token()
+                               + act_layer + model.logits_bytes_per_token(train.cross_entropy)))
     ckpt = round(model.layers * train.checkpointed_layers_fraction)  # keep only their inputs
     recompute = act_layer if ckpt else 0
     per_token = ((model.layers - ckpt) * act_layer + ckpt * model.hidden * p + recompute

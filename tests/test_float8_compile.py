@@ -177,10 +177,56 @@ def test_cli_float8_scenario_and_realrun_refuses_what_it_does_not_run(tmp_path):
     from realrun.errors import RealrunError
     from simfed.spec import load_scenario
 
-    sc = load_scenario("scenarios/h100-8b-float8.yaml")
+    path = "scenarios/h100-8b-float8.yaml"
+    with pytest.raises(RealrunError, match=r"training\.activation_checkpointing: op "):
+        check_runnable(load_scenario(path))
+    sc = load_scenario(path, {"training.activation_checkpointing": "full"})
     with pytest.raises(RealrunError, match=r"training\.compile: true is simulated by simfed"):
         check_runnable(sc)
-    sc = load_scenario("scenarios/h100-8b-float8.yaml",
-                       {"training.compile": False, "training.float8": "rowwise"})
+    sc = load_scenario(path, {"training.compile": False, "training.float8": "rowwise",
+                              "training.activation_checkpointing": "none"})
     with pytest.raises(RealrunError, match=r"training\.float8: rowwise is simulated"):
         check_runnable(sc)
+
+
+def test_op_checkpointing_recomputes_wk_wo_w3_and_the_memory_bound_kernels():
+    cm = _cm()
+    layer = MODEL.units(8192)[1]
+    by = _layer(cm, "forward")
+    d, kv = 4096, 1024
+    expect = (by["qkv"].time_s * kv / (d + 2 * kv) + by["attn out"].time_s
+              + by["mlp gate+up"].time_s / 2
+              + sum(k.time_s for k in by.values() if k.flops == 0))
+    train = TrainingSpec(seq_len=8192, micro_batch=1, steps=1, activation_checkpointing="op")
+    assert cm.recompute_s(layer, cm.forward_s(layer), train) == pytest.approx(expect)
+    assert cm.recompute_s(MODEL.units(8192)[0], 1.0, train) == 0.0  # the root: not wrapped
+    assert not train.layer_checkpointed(1)  # no whole-layer recompute besides
+
+
+def test_op_checkpointing_keeps_the_saved_ops_outputs():
+    from simfed.memory import activation_bytes
+
+    tr = TrainingSpec(seq_len=8192, micro_batch=1, steps=1, activation_checkpointing="op")
+    none = replace(tr, activation_checkpointing="none")
+    full = replace(tr, activation_checkpointing="full")
+    d, kv, f, p, t = 4096, 1024, 14336, 2, 8192
+    assert MODEL.layer_op_sac_bytes_per_token() == (4 * d + kv + f) * p
+    assert activation_bytes(MODEL, full) < activation_bytes(MODEL, tr) < activation_bytes(
+        MODEL, none)
+    layer_all = MODEL.layer_activation_bytes_per_token(8192, "flash")
+    logits = MODEL.logits_bytes_per_token("pytorch")
+    assert activation_bytes(MODEL, tr) == t * (MODEL.layers * (4 * d + kv + f) * p
+                                               + layer_all + logits)
+
+
+def test_float8_all_gather_off_gathers_the_model_dtype_and_casts_weights_in_the_linear():
+    tw = TrainingSpec(seq_len=8192, micro_batch=1, steps=1, float8="tensorwise",
+                      float8_all_gather=False)
+    layer = MODEL.units(8192)[1]
+    assert gathered_nbytes(MODEL, layer, tw) == layer.nbytes
+    scn = _scenario(float8="tensorwise", float8_all_gather=False, compile=True)
+    from simfed.engine.run import simulate_algorithm
+    on = _scenario(float8="tensorwise", compile=True)
+    t_off = simulate_algorithm(scn, scn.algorithms[0]).result["step_time_s"]
+    t_on = simulate_algorithm(on, on.algorithms[0]).result["step_time_s"]
+    assert t_off > t_on  # the weight casts run in every linear

@@ -59,7 +59,8 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                       seq_len=train.seq_len, attention=train.attention,
                       cross_entropy=train.cross_entropy,
                       reduce_nbytes=dtype_nbytes(train.reduce_dtype or model.dtype),
-                      float8=train.float8, compile=train.compile,
+                      float8=train.float8, float8_all_gather=train.float8_all_gather,
+                      compile=train.compile,
                       norm_kernel=train.norm_kernel)
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
@@ -124,7 +125,7 @@ def gathered_nbytes(model, unit, train) -> int:
     `training.float8: tensorwise` (FSDP's float8 all-gather, torchao float8/fsdp_utils.py:
     the weight shard cast to float8 before the all-gather, 1 byte an element) a decoder
     layer's linear weights in float8; norms, the embedding and the LM head stay as they are."""
-    if train.float8 != "tensorwise" or unit.index == 0:
+    if train.float8 != "tensorwise" or not train.float8_all_gather or unit.index == 0:
         return unit.nbytes
     linear = model.attention_params + model.mlp_params
     return int(unit.nbytes - linear * (model.dtype_nbytes - 1))

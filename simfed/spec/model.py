@@ -161,6 +161,12 @@ class ModelSpec:
             elems += self.heads * seq_len
         return elems * self.dtype_nbytes
 
+    def layer_op_sac_bytes_per_token(self) -> int:
+        """What a layer keeps under torchtitan's selective op checkpointing (`op`): its input
+        (d), the saved matmuls' outputs wq (d), wv (kv_dim), w1 (f, a GELU MLP's up) and w2
+        (d), and the attention output (d); the attention kernel's log-sum-exp is small."""
+        return (4 * self.hidden + self.kv_dim + self.ffn_hidden) * self.dtype_nbytes
+
     def logits_bytes_per_token(self, cross_entropy: str = "pytorch") -> int:
         """Logits alive at the loss: the model-dtype logits, plus (PyTorch's cross-entropy) an
         fp32 copy and its fp32 log-softmax; a fused cross-entropy writes the gradient in place

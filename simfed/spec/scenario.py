@@ -60,11 +60,14 @@ class TrainingSpec:
     lr_schedule: str = param("cosine", choices=("cosine", "constant"))
     weight_decay: float = param(0.1, ge=0)
     betas: tuple[float, float] = param((0.9, 0.95))
-    activation_checkpointing: bool | Literal["none", "full", "selective"] = param(
-        False, doc="none | full | selective (true = full, false = none): full re-runs each "
+    activation_checkpointing: bool | Literal["none", "full", "selective", "op"] = param(
+        False, doc="none | full | selective | op (true = full, false = none): full re-runs each "
         "decoder layer's forward in its backward and keeps only its input; selective does so "
         "for `checkpoint_fraction` of the layers (fms-fsdp's selective_checkpointing, "
-        "torchtitan's every-k-layers)")
+        "torchtitan's every-k-layers); op is torchtitan's selective op policy "
+        "(selective_ac_option = 'op'): every layer keeps the outputs of its matmuls and of "
+        "its attention kernel except every second matmul (wk, wo, w3 in call order), and "
+        "re-runs those three matmuls and the memory-bound kernels in its backward")
     checkpoint_fraction: float = param(
         1.0, ge=0, le=1, doc="selective: share of decoder layers checkpointed (1/k for every "
         "k-th layer)")
@@ -105,9 +108,13 @@ class TrainingSpec:
         doc="torchao float8 training (torchao.float8 Float8Linear, as torchtitan applies it): "
         "every decoder layer's linear layers (attention q/k/v and output, MLP) run their "
         "GEMMs in float8 with dynamic scales per tensor (tensorwise) or per row (rowwise); "
-        "the embedding and the LM head stay in the model dtype. tensorwise: FSDP all-gathers "
-        "those weights in float8 (enable_fsdp_float8_all_gather). Needs a GPU with "
+        "the embedding and the LM head stay in the model dtype (see float8_all_gather). "
+        "Needs a GPU with "
         "cluster.node.gpu.peak_tflops_fp8 and runtime.compute.model: kernels")
+    float8_all_gather: bool = param(
+        True, doc="float8 tensorwise: FSDP2 all-gathers the linear weights in float8 (torchao "
+        "enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp); false: "
+        "in the model dtype, cast in each linear. rowwise always gathers in the model dtype")
     compile: bool = param(
         False, doc="torch.compile of each decoder layer (torchtitan's per-block compile): "
         "Inductor fuses the memory-bound kernels between two GEMMs / attention kernels into one "
@@ -122,7 +129,8 @@ class TrainingSpec:
     @property
     def checkpointed_layers_fraction(self) -> float:
         """Share of decoder layers whose forward is re-run in backward."""
-        return {"none": 0.0, "full": 1.0}.get(self.ac_policy, self.checkpoint_fraction)
+        return {"none": 0.0, "full": 1.0, "op": 0.0}.get(self.ac_policy,
+                                                          self.checkpoint_fraction)
 
     def layer_checkpointed(self, unit: int) -> bool:
         """Whether decoder layer `unit` (FSDP unit index: 1 for the first layer, 0 the root,
