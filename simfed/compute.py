@@ -70,7 +70,7 @@ class ComputeModel:
     float8: str = "none"  # none | tensorwise | rowwise (training.float8)
     float8_all_gather: bool = True  # tensorwise: FSDP all-gathers the weights in float8
     compile: bool = False  # training.compile
-    norm_kernel: str = "fused"  # fused | composite (training.norm_kernel)
+    eager_ops: str = "fused"  # fused | composite (training.eager_ops)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -347,7 +347,7 @@ class ComputeModel:
         mdl = self.model
         fwd_bytes = {"rmsnorm x2": 2 * self._norm_bytes_per_element(p) * t * d}
         if mdl.position == "rope":
-            fwd_bytes["rope q,k"] = 2 * t * (d + kv) * p
+            fwd_bytes["rope q,k"] = self._rope_bytes_per_element(p) * t * (d + kv)
         if self.attention != "triton":
             # q, k, v split from the fused projection into the attention kernel's layout (read
             # + write), and the attention output back. llm-foundry's Triton path passes strided
@@ -358,11 +358,18 @@ class ComputeModel:
         return fwd_bytes
 
     def _norm_bytes_per_element(self, p: int) -> float:
-        """Bytes an eager norm moves per element: fused, read x and write y (2p); composite,
-        PyTorch's composite RMSNorm (aten rms_norm before its fused kernel: input.to(fp32),
-        pow(2), mean, add eps + rsqrt per row, multiply, type_as, multiply by the weight):
-        (p + 4) + 8 + 4 + 8 + (4 + p) + 2p = 24 + 4p."""
-        return 2.0 * p if self.norm_kernel == "fused" else 24.0 + 4.0 * p
+        """Bytes an eager RMSNorm moves per element: fused, read x and write y (2p); composite
+        (torchtitan's RMSNorm at eef8bb2, torchtitan/models/norms.py: `self._norm(x.float())
+        .type_as(x) * self.weight`, `_norm` = `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
+        + eps)`): cast (p + 4), pow (4 + 4), mean (4), rsqrt per row, multiply (4 + 4), cast
+        back (4 + p), weight multiply (2p): 28 + 4p."""
+        return 2.0 * p if self.eager_ops == "fused" else 28.0 + 4.0 * p
+
+    def _rope_bytes_per_element(self, p: int) -> float:
+        """Bytes eager RoPE moves per element of q and k: fused 2p; composite (torchtitan's
+        `apply_rotary_emb`: view_as_complex(x.float()) * freqs_cis, view_as_real, type_as):
+        cast (p + 4), complex multiply (4 + 4), cast back (4 + p): 16 + 2p."""
+        return 2.0 * p if self.eager_ops == "fused" else 16.0 + 2.0 * p
 
     def _compiled_regions(self, t: int, d: int, kv: int, act_elems: int, p: int
                           ) -> dict[str, float]:

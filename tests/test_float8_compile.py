@@ -1,4 +1,4 @@
-"""training.float8 (torchao Float8Linear), training.compile and training.norm_kernel in the
+"""training.float8 (torchao Float8Linear), training.compile and training.eager_ops in the
 per-kernel compute model, FSDP's float8 all-gather, and the errors for what cannot run."""
 
 from __future__ import annotations
@@ -95,15 +95,16 @@ def test_compile_fuses_the_memory_bound_kernels_between_gemms():
     # RoPE's own pass (read + write q and k) and one residual read are gone
     assert mem(eager) - mem(comp) == pytest.approx(2 * t * (d + kv) * p + t * d * p)
     assert comp["residual add+rmsnorm"].nbytes == 4 * t * d * p
-    # a composite eager RMSNorm moves (24 + 4p) bytes an element instead of 2p; compiled
-    # layers fuse it, the uncompiled root's final norm does not
-    comp_eager = _layer(_cm(norm_kernel="composite"), "forward")
-    assert comp_eager["rmsnorm x2"].nbytes == 2 * (24 + 4 * p) * t * d
-    assert _layer(_cm(norm_kernel="composite", compile=True), "forward") == comp
+    # composite eager RMSNorm moves (28 + 4p) bytes an element instead of 2p, RoPE 16 + 2p;
+    # compiled layers fuse them, the uncompiled root's final norm stays composite
+    comp_eager = _layer(_cm(eager_ops="composite"), "forward")
+    assert comp_eager["rmsnorm x2"].nbytes == 2 * (28 + 4 * p) * t * d
+    assert comp_eager["rope q,k"].nbytes == (16 + 2 * p) * t * (d + kv)
+    assert _layer(_cm(eager_ops="composite", compile=True), "forward") == comp
     root = MODEL.units(8192)[0]
-    norm = {k.name: k for k in _cm(norm_kernel="composite", compile=True)
+    norm = {k.name: k for k in _cm(eager_ops="composite", compile=True)
             .unit_kernels(root, "forward")}["final rmsnorm"]
-    assert norm.nbytes == (24 + 4 * p) * t * d
+    assert norm.nbytes == (28 + 4 * p) * t * d
 
 
 def test_checkpoint_early_stop_works_compiled():

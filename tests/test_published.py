@@ -61,3 +61,39 @@ def test_scenarios_say_which_kernels_each_framework_ran():
         foundry = c["source"]["repo"] == "mosaicml/llm-foundry"
         assert scn.training.attention == ("triton" if foundry else "flash"), c["name"]
         assert scn.model.position == ("learned" if foundry else "rope"), c["name"]
+
+
+def test_published_speedups_within_their_claim(result):
+    """float8 and torch.compile speedups (validation/published/speedups.yaml): each case's two
+    runs simulated; the error is predicted over published speedup."""
+    import statistics
+
+    data = yaml.safe_load((DEFAULT_DIR / "speedups.yaml").read_text())
+    rows = result["speedups"]
+    assert [r["name"] for r in rows] == [c["name"] for c in data["cases"]]
+    for r, c in zip(rows, data["cases"], strict=True):
+        pub = c["published"]
+        assert r["published"] == pytest.approx(pub["variant"] / pub["baseline"])
+        base, var = r["predicted_tokens_per_s_per_gpu"]
+        assert r["error"] == pytest.approx(var / base / r["published"] - 1.0)
+        assert var > base  # every published setting made training faster
+    errs = [abs(r["error"]) for r in rows]
+    assert statistics.median(errs) <= data["claims"]["median_abs_error"]
+    assert max(errs) <= data["claims"]["worst_abs_error"]
+
+
+def test_a_malformed_speedup_case_is_one_clear_error(tmp_path):
+    from simfed.calibration.published import speedup_cases
+    from simfed.spec import SpecError
+
+    (tmp_path / "speedups.yaml").write_text(
+        "cases:\n  - {name: a, scenario: x.yaml, baseline: {}, published: {baseline: 1, "
+        "variant: 2}, source: s}\n")
+    with pytest.raises(SpecError, match=r"speedups\.yaml: cases\[0\]: missing variant"):
+        speedup_cases(tmp_path)
+    (tmp_path / "speedups.yaml").write_text(
+        "cases:\n  - {name: a, scenario: x.yaml, baseline: {}, variant: {}, "
+        "published: {baseline: 0, variant: 2}, source: s}\n")
+    with pytest.raises(SpecError, match=r"cases\[0\]\.published: expected baseline and "
+                       r"variant tokens/s > 0"):
+        speedup_cases(tmp_path)

@@ -85,6 +85,46 @@ def collective_cases(folder: Path = DEFAULT_DIR, *, calibrated: bool = False
     return compare(path, curves=fit_set_curves(path)[0]) if calibrated else compare(path)
 
 
+def speedup_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
+    """Published speedups of a runtime setting (`speedups.yaml`: float8, torch.compile): both
+    runs of each case simulated, the predicted ratio of tokens/s/GPU against the published one;
+    error = predicted / published speedup - 1 (the variant's step time error with the
+    baseline's taken as exact)."""
+    from ..engine import simulate
+    from ..spec import load_scenario
+
+    path = folder / "speedups.yaml"
+    if not path.is_file():
+        return []
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    rows = []
+    for i, c in enumerate(data.get("cases") or []):
+        for key in ("name", "scenario", "baseline", "variant", "published", "source"):
+            if key not in c:
+                raise SpecError(f"{path}: cases[{i}]: missing {key}")
+        pub = c["published"]
+        if not isinstance(pub, dict) or not {"baseline", "variant"} <= set(pub) or min(
+                float(pub["baseline"]), float(pub["variant"])) <= 0:
+            raise SpecError(f"{path}: cases[{i}].published: expected baseline and variant "
+                            f"tokens/s > 0, got {pub!r}")
+        tps = []
+        for which in ("baseline", "variant"):
+            scn = load_scenario(folder / c["scenario"], c[which])
+            out, _ = simulate(scn, algorithms=[scn.algorithms[0].name])
+            tps.append(float(out["algorithms"][0]["tokens_per_s_per_gpu"]))
+        published = float(pub["variant"]) / float(pub["baseline"])
+        predicted = tps[1] / tps[0]
+        rows.append({"name": c["name"], "published": published, "predicted": predicted,
+                     "error": predicted / published - 1.0,
+                     "predicted_tokens_per_s_per_gpu": tps,
+                     "published_tokens_per_s_per_gpu": [float(pub["baseline"]),
+                                                         float(pub["variant"])]})
+    return rows
+
+
 def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = None,
                        overrides: dict[str, Any] | None = None,
                        echo: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -98,7 +138,7 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
                  f"{row['predicted']:,.0f} ({100 * row['error']:+.1f}%)")
         rows.append(row)
     return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
-            "collectives": collective_cases(folder),
+            "collectives": collective_cases(folder), "speedups": speedup_cases(folder),
             "collectives_calibrated": collective_cases(folder, calibrated=True)}
 
 
@@ -123,11 +163,30 @@ def print_published(res: dict[str, Any], console: Any) -> None:
 
         print_summary(res["collectives_calibrated"], console,
                       ", calibrated on the fit tables (simfed calibrate)")
+    if res.get("speedups"):
+        print_speedups(res["speedups"], console)
     for name, s in res["summary"].items():
         console.print(f"  {name}: median |error| {100 * s['median_abs_error']:.1f}% over "
                       f"{s['cases']} cases; worst {s['worst']['name']} "
                       f"{100 * s['worst']['error']:+.1f}%; rejected by the memory model "
                       f"{s['rejected_by_memory']}", highlight=False)
+
+
+def print_speedups(rows: list[dict[str, Any]], console: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title="published speedups (float8, torch.compile): predicted vs published")
+    for col in ("case", "published", "predicted", "error"):
+        t.add_column(col, justify="left" if col == "case" else "right")
+    for r in rows:
+        t.add_row(r["name"], f"{r['published']:.3f}x", f"{r['predicted']:.3f}x",
+                  f"{100 * r['error']:+.1f}%")
+    console.print(t)
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    console.print(f"  speedups: median |error| "
+                  f"{100 * statistics.median(abs(r['error']) for r in rows):.1f}% over "
+                  f"{len(rows)} cases; worst {worst['name']} {100 * worst['error']:+.1f}%",
+                  highlight=False)
 
 
 def scan(folder: Path, key: str, values: list[float], *, only_set: str = "fit",

@@ -61,7 +61,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                       reduce_nbytes=dtype_nbytes(train.reduce_dtype or model.dtype),
                       float8=train.float8, float8_all_gather=train.float8_all_gather,
                       compile=train.compile,
-                      norm_kernel=train.norm_kernel)
+                      eager_ops=train.eager_ops)
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
     rt = scn.runtime.compute

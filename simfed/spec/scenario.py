@@ -97,12 +97,14 @@ class TrainingSpec:
         "the loss); fused (flash-attn's xentropy, llm-foundry's MPT default): bf16 logits, "
         "gradient in place (2 bytes)")
 
-    norm_kernel: str = param(
+    eager_ops: str = param(
         "fused", choices=("fused", "composite"),
-        doc="eager normalisation layers: fused (one kernel: F.layer_norm, apex / flash-attn "
-        "fused RMSNorm) or composite (PyTorch's RMSNorm as separate ops through fp32: cast, "
-        "pow, mean, rsqrt, two multiplies, cast back; torch.nn.RMSNorm before a fused kernel, "
-        "hand-written RMSNorm modules); compiled layers fuse it either way")
+        doc="how the uncompiled model computes its RMSNorms and RoPE: fused (one kernel each "
+        "reading and writing the tensor once: F.layer_norm, apex / flash-attn fused kernels) "
+        "or composite (PyTorch ops through fp32, as torchtitan's and fms's eager code: "
+        "RMSNorm as cast, pow, mean, rsqrt, multiply, cast back, multiply by the weight; RoPE "
+        "as cast, complex multiply, cast back); compiled layers fuse them either way"
+        )
     float8: str = param(
         "none", choices=("none", "tensorwise", "rowwise"),
         doc="torchao float8 training (torchao.float8 Float8Linear, as torchtitan applies it): "
