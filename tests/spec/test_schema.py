@@ -61,10 +61,10 @@ def _set(*path_and_value):
     (_set("training", "betas", [0.9]), "training.betas: expected 2 items, got 1"),
     (_set("training", "activation_checkpointing", 5),
      "training.activation_checkpointing: expected true or false or one of none, full, "
-     "selective, got 5"),
+     "selective, op, got 5"),
     (_set("training", "activation_checkpointing", "fulll"),
      "training.activation_checkpointing: expected true or false or one of none, full, "
-     "selective, got 'fulll'"),
+     "selective, op, got 'fulll'"),
     (_set("validation", "rebench", ["units", "comm"]),
      "validation.rebench[1]: must be one of compute, units, optimizer, got 'comm'"),
     # cross-field rules (the dataclass's __post_init__) run inside pydantic, at their key
