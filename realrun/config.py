@@ -43,13 +43,8 @@ def resolve_data_path(path: str, scenario_path: Path | None) -> Path:
 
 def check_runnable(scenario: Scenario) -> None:
     """What simfed simulates but realrun does not run is refused before any rank starts work:
-    float8 GEMMs (torchao, FP8 tensor cores), torch.compile of the blocks and the selective
-    op checkpointing policy."""
+    float8 GEMMs (torchao, FP8 tensor cores) and torch.compile of the blocks."""
     tr = scenario.training
-    if tr.ac_policy == "op":
-        raise RealrunError("training.activation_checkpointing: op (torchtitan's selective op "
-                           "policy) is simulated by simfed only; realrun checkpoints whole "
-                           "layers (none, full or selective)")
     if tr.float8 != "none":
         raise RealrunError(f"training.float8: {tr.float8} is simulated by simfed only; realrun "
                            "trains in the model dtype (set training.float8=none)")

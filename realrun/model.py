@@ -9,11 +9,17 @@ F = ffn hidden, V = vocab. The FSDP units (see `realrun.sharding`) are the decod
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    set_checkpoint_early_stop,
+)
 
 from simfed.spec import ModelSpec, TrainingSpec
 
@@ -88,6 +94,34 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def _op_save_list() -> set:
+    """Ops whose outputs torchtitan's selective op policy keeps (pytorch/torchtitan v0.2.0,
+    models/llama3/infra/parallelize.py `_op_sac_save_list`): matmuls and the attention kernels
+    (SDPA's CPU kernel added: realrun runs on CPU too)."""
+    aten = torch.ops.aten
+    names = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention")
+    return {aten.mm.default, aten.max.default,
+            *(getattr(aten, n).default for n in names if hasattr(aten, n))}
+
+
+def op_policy_context():
+    """torchtitan's selective op checkpointing (torchtitan/distributed/activation_checkpoint.py
+    `_custom_policy` at v0.2.0): keep every saved-list op's output except every second aten.mm
+    of the block (wq, wk, wv, wo, w1, w3, w2 in call order: wk, wo, w3 are re-run), recompute the
+    rest; the forward and the recompute count their matmuls apart."""
+    save, meta = _op_save_list(), defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 class DecoderBlock(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)). One FSDP unit."""
 
@@ -104,11 +138,13 @@ class DecoderBlock(nn.Module):
         # torch.utils.checkpoint.set_checkpoint_early_stop
         self.checkpointed = False
         self.early_stop = True
+        self.op_policy = False  # training.activation_checkpointing: op
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.checkpointed and torch.is_grad_enabled():
+            kw = {"context_fn": op_policy_context} if self.op_policy else {}
             with set_checkpoint_early_stop(self.early_stop):
-                return checkpoint(self._block, x, cos, sin, use_reentrant=False)
+                return checkpoint(self._block, x, cos, sin, use_reentrant=False, **kw)
         return self._block(x, cos, sin)
 
     def _block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -150,9 +186,12 @@ class Llama(nn.Module):
     def set_checkpointing(self, training: TrainingSpec) -> list[int]:
         """Checkpoint the decoder blocks simfed's recompute model charges
         (`TrainingSpec.layer_checkpointed`: FSDP unit = block index + 1), with
-        `training.checkpoint_early_stop`; returns the checkpointed block indices."""
+        `training.checkpoint_early_stop`, every block under torchtitan's selective op policy
+        for `op`; returns the checkpointed block indices."""
+        op = training.ac_policy == "op"
         for i, layer in enumerate(self.layers):
-            layer.checkpointed = training.layer_checkpointed(i + 1)
+            layer.checkpointed = op or training.layer_checkpointed(i + 1)
+            layer.op_policy = op
             layer.early_stop = training.checkpoint_early_stop
         return [i for i, layer in enumerate(self.layers) if layer.checkpointed]
 

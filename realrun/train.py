@@ -203,7 +203,8 @@ class Trainer:
                       "dtype": self.scenario.model.dtype},
             "sharding": self.sharding,
             "activation_checkpointing": {"blocks": self.checkpointed,
-                                         "early_stop": self.training.checkpoint_early_stop},
+                                         "early_stop": self.training.checkpoint_early_stop,
+                                         "policy": self.training.ac_policy},
             "fedavg_dtype": self.algo.fedavg_dtype if self.fedavg else None,
             "clock": "seconds since a barrier before training",
             "comm_nbytes": "full buffer: all_gather output, reduce_scatter input, "

@@ -192,19 +192,21 @@ def test_fl_fsdp_with_one_group_reproduces_fsdp(repeat):
     assert fl["final_model_sha256"] == fsdp["final_model_sha256"]
 
 
-def test_activation_checkpointing_gives_the_same_losses_under_fsdp2(four, tmp_path):
-    """training.activation_checkpointing=full on the real gloo runs: every block re-run in
-    its backward under PyTorch's non-reentrant checkpoint (inside the block's FSDP2 hooks), the
-    losses those of the plain runs, and the trace says which blocks were checkpointed."""
+@pytest.mark.parametrize("policy", ["full", "op"])
+def test_activation_checkpointing_gives_the_same_losses_under_fsdp2(four, tmp_path, policy):
+    """training.activation_checkpointing=full / op on the real gloo runs: every block re-run
+    (op: torchtitan's selective op policy) in its backward under PyTorch's non-reentrant
+    checkpoint (inside the block's FSDP2 hooks), the losses those of the plain runs, and the
+    trace says which blocks were checkpointed and how."""
     res = realrun(tmp_path, "--algorithm", "fsdp,fl_hsdp",
-                  "--set", "training.activation_checkpointing=full")
+                  "--set", f"training.activation_checkpointing={policy}")
     assert res.returncode == 0, res.stdout + res.stderr
     for name in ("fsdp", "fl_hsdp"):
         got, plain = summary(tmp_path, name), summary(four, name)
         assert got["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-6)
         meta, _ = read_trace(tmp_path / name / "trace_rank0.jsonl")
         assert meta["activation_checkpointing"] == {
-            "blocks": list(range(SC.model.layers)), "early_stop": True}
+            "blocks": list(range(SC.model.layers)), "early_stop": True, "policy": policy}
 
 
 # ---- a killed rank --------------------------------------------------------------------------
