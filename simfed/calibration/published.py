@@ -175,12 +175,16 @@ def print_published(res: dict[str, Any], console: Any) -> None:
 def print_speedups(rows: list[dict[str, Any]], console: Any) -> None:
     from rich.table import Table
 
-    t = Table(title="published speedups (float8, torch.compile): predicted vs published")
-    for col in ("case", "published", "predicted", "error"):
+    t = Table(title="published speedups (float8, torch.compile): predicted vs published "
+                    "(and each run's tokens/s/GPU error)")
+    for col in ("case", "published", "predicted", "error", "baseline run", "variant run"):
         t.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:
+        (pb, pv), (b, v) = r["published_tokens_per_s_per_gpu"], r[
+            "predicted_tokens_per_s_per_gpu"]
         t.add_row(r["name"], f"{r['published']:.3f}x", f"{r['predicted']:.3f}x",
-                  f"{100 * r['error']:+.1f}%")
+                  f"{100 * r['error']:+.1f}%", f"{100 * (b / pb - 1):+.1f}%",
+                  f"{100 * (v / pv - 1):+.1f}%")
     console.print(t)
     worst = max(rows, key=lambda r: abs(r["error"]))
     console.print(f"  speedups: median |error| "
