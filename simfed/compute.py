@@ -47,6 +47,18 @@ from .spec.scenario import ComputeRuntime, TrainingSpec
 from .spec.units import dtype_nbytes
 
 
+def gathered_nbytes(model: ModelSpec | None, unit: UnitSpec, float8: str = "none",
+                    float8_all_gather: bool = True) -> int:
+    """Bytes FSDP all-gathers for a unit: its parameters in the model dtype, but with float8
+    tensorwise and FSDP2's float8 all-gather (torchao float8/fsdp_utils.py: the weight shard
+    cast to float8 before the all-gather, 1 byte an element) a decoder layer's linear weights
+    in float8; norms, the embedding and the LM head stay as they are."""
+    if model is None or float8 != "tensorwise" or not float8_all_gather or unit.index == 0:
+        return unit.nbytes
+    linear = model.attention_params + model.mlp_params
+    return int(unit.nbytes - linear * (model.dtype_nbytes - 1))
+
+
 @dataclass(frozen=True, slots=True)
 class Kernel:
     """One kernel of a unit: what it computes and how long it takes."""
@@ -71,6 +83,9 @@ class ComputeModel:
     float8_all_gather: bool = True  # tensorwise: FSDP all-gathers the weights in float8
     compile: bool = False  # training.compile
     eager_ops: str = "fused"  # fused | composite (training.eager_ops)
+    fsdp_version: int = 1  # training.fsdp_version
+    sharded: bool = True  # the plan shards parameters (FSDP all-gathers them)
+    regather_backward: bool = True  # FULL_SHARD: gathered again for backward (not SHARD_GRAD_OP)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -337,8 +352,7 @@ class ComputeModel:
                      else self._eager_memory_bound(t, d, kv, act_elems, p))
         for name, b in fwd_bytes.items():
             ks.append(self.memory_bound(name, b * (2.0 if bwd else 1.0)))
-        if bwd:
-            ks.append(self.fsdp_grad_kernel(unit))
+        ks.extend(self.fsdp_kernels(unit, direction))
         return ks
 
     def _eager_memory_bound(self, t: int, d: int, kv: int, act_elems: int, p: int
@@ -396,6 +410,30 @@ class ComputeModel:
                     "residual add": 3 * t * d * p}
         return regions
 
+    def fsdp_kernels(self, unit: UnitSpec, direction: str) -> list[Kernel]:
+        """FSDP's own memory-bound work around a unit's compute: FSDP1's on the unsharded
+        gradient (`fsdp_grad_kernel`, backward); FSDP2's copies between its collectives'
+        flat buffers and the per-parameter tensors (torch/distributed/fsdp/_fully_shard/
+        _fsdp_collectives.py): `foreach_all_gather_copy_out` splits the gathered buffer into
+        the unsharded parameters on the compute stream after each all-gather (read and write
+        the gathered bytes: forward, and backward when FULL_SHARD gathers again; the root
+        stays gathered), and `foreach_reduce` `torch._chunk_cat`s the gradients into the
+        reduce-scatter input in the reduce dtype (read p, write r bytes a parameter; the
+        average is NCCL's ReduceOp.AVG, no separate division)."""
+        bwd = direction == "backward"
+        if self.fsdp_version == 1:
+            return [self.fsdp_grad_kernel(unit)] if bwd else []
+        p = self.model.dtype_nbytes if self.model else 2
+        r = self.reduce_nbytes or p
+        out = []
+        if self.sharded and (not bwd or (self.regather_backward and unit.index > 0)):
+            gathered = gathered_nbytes(self.model, unit, self.float8, self.float8_all_gather)
+            out.append(self.memory_bound("fsdp2 all-gather copy-out", 2.0 * gathered))
+        if bwd:
+            out.append(self.memory_bound("fsdp2 reduce-scatter copy-in",
+                                         float(unit.params * (p + r))))
+        return out
+
     def fsdp_grad_kernel(self, unit: UnitSpec) -> Kernel:
         """FSDP1's work on a unit's unsharded gradient before the reduce-scatter:
         - the flat gradient assembled from the parameters' gradients: the module's parameters
@@ -433,6 +471,5 @@ class ComputeModel:
         else:
             ce = t * v * (p + 12) if not bwd else t * v * (4 + 4 + 4 + p)
         ks.append(self.memory_bound("cross-entropy", float(ce)))
-        if bwd:
-            ks.append(self.fsdp_grad_kernel(unit))
+        ks.extend(self.fsdp_kernels(unit, direction))
         return ks

@@ -31,7 +31,8 @@ def _scenario(**training):
         "cluster": {"nodes": 1, "node": H100},
         "model": {"layers": 2, "hidden": 4096, "ffn_hidden": 14336, "heads": 32,
                   "kv_heads": 8, "vocab": 128256},
-        "training": {"seq_len": 8192, "micro_batch": 1, "steps": 2, **training},
+        "training": {"seq_len": 8192, "micro_batch": 1, "steps": 2, "fsdp_version": 2,
+                     **training},
         "runtime": {"compute": {"model": "kernels"}},
         "algorithms": [{"name": "fsdp"}]})
 
@@ -164,7 +165,8 @@ def test_float8_without_fp8_or_kernels_is_one_clear_error(cluster_gpu, runtime, 
             "cluster": {"nodes": 1, "node": node},
             "model": {"layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "kv_heads": 4,
                       "vocab": 1000},
-            "training": {"seq_len": 128, "micro_batch": 1, "steps": 1, "float8": "tensorwise"},
+            "training": {"seq_len": 128, "micro_batch": 1, "steps": 1, "float8": "tensorwise",
+                         "fsdp_version": 2},
             "runtime": {"compute": runtime},
             "algorithms": [{"name": "fsdp"}]})
 
@@ -229,3 +231,34 @@ def test_float8_all_gather_off_gathers_the_model_dtype_and_casts_weights_in_the_
     t_off = simulate_algorithm(scn, scn.algorithms[0]).result["step_time_s"]
     t_on = simulate_algorithm(on, on.algorithms[0]).result["step_time_s"]
     assert t_off > t_on  # the weight casts run in every linear
+
+
+def test_fsdp2_charges_its_copy_out_and_copy_in_instead_of_fsdp1s_gradient_work():
+    layer, root = MODEL.units(8192)[1], MODEL.units(8192)[0]
+    p, r = 2, 4
+    v2 = _cm(fsdp_version=2, reduce_nbytes=r)
+    fwd, bwd = _layer(v2, "forward"), _layer(v2, "backward")
+    assert fwd["fsdp2 all-gather copy-out"].nbytes == 2 * layer.nbytes
+    assert bwd["fsdp2 all-gather copy-out"].nbytes == 2 * layer.nbytes
+    assert bwd["fsdp2 reduce-scatter copy-in"].nbytes == layer.params * (p + r)
+    assert "fsdp grad cat+cast+predivide" not in bwd
+    assert "fsdp grad cat+cast+predivide" in _layer(_cm(reduce_nbytes=r), "backward")
+    # the root stays gathered for backward; SHARD_GRAD_OP keeps every unit gathered; an
+    # unsharded plan gathers nothing
+    root_b = {k.name for k in v2.unit_kernels(root, "backward")}
+    assert "fsdp2 all-gather copy-out" not in root_b
+    keep = _layer(_cm(fsdp_version=2, regather_backward=False), "backward")
+    assert "fsdp2 all-gather copy-out" not in keep
+    alone = _layer(_cm(fsdp_version=2, sharded=False), "forward")
+    assert "fsdp2 all-gather copy-out" not in alone
+    # float8's all-gather: the copy-out moves the float8 bytes
+    f8 = _layer(_cm(fsdp_version=2, float8="tensorwise"), "forward")
+    linear = MODEL.attention_params + MODEL.mlp_params
+    assert f8["fsdp2 all-gather copy-out"].nbytes == 2 * (linear + 2 * MODEL.hidden * p)
+
+
+def test_float8_all_gather_needs_fsdp2():
+    with pytest.raises(SpecError, match=r"training\.float8_all_gather: FSDP's float8 "
+                       r"all-gather is FSDP2's"):
+        _scenario(float8="tensorwise", fsdp_version=1)
+    assert _scenario(float8="tensorwise", fsdp_version=1, float8_all_gather=False)

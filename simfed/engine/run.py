@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from ..compute import ComputeModel
+from ..compute import gathered_nbytes as compute_gathered_nbytes
 from ..contention import for_run as contention_for_run
 from ..convergence import attach as attach_convergence
 from ..hardware import Hardware
@@ -61,7 +62,9 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                       reduce_nbytes=dtype_nbytes(train.reduce_dtype or model.dtype),
                       float8=train.float8, float8_all_gather=train.float8_all_gather,
                       compile=train.compile,
-                      eager_ops=train.eager_ops)
+                      eager_ops=train.eager_ops, fsdp_version=train.fsdp_version,
+                      sharded=plan.shard > 1,
+                      regather_backward=plan.shard > 1 and alg.sharding == "full")
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
     rt = scn.runtime.compute
@@ -121,14 +124,9 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
 
 
 def gathered_nbytes(model, unit, train) -> int:
-    """Bytes FSDP all-gathers for a unit: its parameters in the model dtype, but with
-    `training.float8: tensorwise` (FSDP's float8 all-gather, torchao float8/fsdp_utils.py:
-    the weight shard cast to float8 before the all-gather, 1 byte an element) a decoder
-    layer's linear weights in float8; norms, the embedding and the LM head stay as they are."""
-    if train.float8 != "tensorwise" or not train.float8_all_gather or unit.index == 0:
-        return unit.nbytes
-    linear = model.attention_params + model.mlp_params
-    return int(unit.nbytes - linear * (model.dtype_nbytes - 1))
+    """Bytes FSDP all-gathers for a unit (`simfed.compute.gathered_nbytes`: float8 weights
+    under FSDP2's float8 all-gather)."""
+    return compute_gathered_nbytes(model, unit, train.float8, train.float8_all_gather)
 
 
 def _step_times_at(scn: Scenario, kw: dict[str, Any], factors: Any, agg: set[int]

@@ -105,6 +105,12 @@ class TrainingSpec:
         "RMSNorm as cast, pow, mean, rsqrt, multiply, cast back, multiply by the weight; RoPE "
         "as cast, complex multiply, cast back); compiled layers fuse them either way"
         )
+    fsdp_version: int = param(
+        1, choices=(1, 2),
+        doc="1: FSDP1 (FullyShardedDataParallel, a flat parameter per unit: the paper's code, "
+        "llm-foundry, fms-fsdp); 2: FSDP2 (fully_shard, per-parameter sharding: torchtitan, "
+        "realrun). The kernel model charges FSDP1's flat-gradient cat, cast and pre-division, "
+        "or FSDP2's all-gather copy-out and reduce-scatter copy-in; float8_all_gather needs 2")
     float8: str = param(
         "none", choices=("none", "tensorwise", "rowwise"),
         doc="torchao float8 training (torchao.float8 Float8Linear, as torchtitan applies it): "
@@ -436,6 +442,11 @@ class Scenario:
             raise SpecError(f"training.float8: {f8} needs FP8 tensor cores; "
                             f"cluster.node.gpu.peak_tflops_fp8 is 0 for {gpu.name} (H100 SXM: "
                             "1979 dense)")
+        if (f8 == "tensorwise" and self.training.float8_all_gather
+                and self.training.fsdp_version != 2):
+            raise SpecError("training.float8_all_gather: FSDP's float8 all-gather is FSDP2's "
+                            "(torchao fsdp_utils.py); set training.fsdp_version: 2, or "
+                            "float8_all_gather: false for FSDP1 (it gathers bf16)")
         if self.runtime.compute.model != "kernels":
             raise SpecError(f"training.float8: {f8} needs runtime.compute.model: kernels "
                             f"(it is {self.runtime.compute.model!r}: one efficiency constant "
