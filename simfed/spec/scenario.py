@@ -96,15 +96,13 @@ class TrainingSpec:
         doc="pytorch: an fp32 copy and fp32 log-softmax of the logits (10 bytes per logit at "
         "the loss); fused (flash-attn's xentropy, llm-foundry's MPT default): bf16 logits, "
         "gradient in place (2 bytes)")
-
     eager_ops: str = param(
         "fused", choices=("fused", "composite"),
         doc="how the uncompiled model computes its RMSNorms and RoPE: fused (one kernel each "
         "reading and writing the tensor once: F.layer_norm, apex / flash-attn fused kernels) "
         "or composite (PyTorch ops through fp32, as torchtitan's and fms's eager code: "
         "RMSNorm as cast, pow, mean, rsqrt, multiply, cast back, multiply by the weight; RoPE "
-        "as cast, complex multiply, cast back); compiled layers fuse them either way"
-        )
+        "as cast, complex multiply, cast back); compiled layers fuse them either way")
     fsdp_version: int = param(
         1, choices=(1, 2),
         doc="1: FSDP1 (FullyShardedDataParallel, a flat parameter per unit: the paper's code, "
@@ -117,8 +115,7 @@ class TrainingSpec:
         "every decoder layer's linear layers (attention q/k/v and output, MLP) run their "
         "GEMMs in float8 with dynamic scales per tensor (tensorwise) or per row (rowwise); "
         "the embedding and the LM head stay in the model dtype (see float8_all_gather). "
-        "Needs a GPU with "
-        "cluster.node.gpu.peak_tflops_fp8 and runtime.compute.model: kernels")
+        "Needs a GPU with cluster.node.gpu.peak_tflops_fp8 and runtime.compute.model: kernels")
     float8_all_gather: bool = param(
         True, doc="float8 tensorwise: FSDP2 all-gathers the linear weights in float8 (torchao "
         "enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp); false: "
