@@ -43,11 +43,8 @@ def resolve_data_path(path: str, scenario_path: Path | None) -> Path:
 
 def check_runnable(scenario: Scenario) -> None:
     """What simfed simulates but realrun does not run is refused before any rank starts work:
-    float8 GEMMs (torchao, FP8 tensor cores) and torch.compile of the blocks."""
+    float8 GEMMs (torchao, FP8 tensor cores)."""
     tr = scenario.training
     if tr.float8 != "none":
         raise RealrunError(f"training.float8: {tr.float8} is simulated by simfed only; realrun "
                            "trains in the model dtype (set training.float8=none)")
-    if tr.compile:
-        raise RealrunError("training.compile: true is simulated by simfed only; realrun runs "
-                           "the blocks eagerly (set training.compile=false)")

@@ -195,6 +195,15 @@ class Llama(nn.Module):
             layer.early_stop = training.checkpoint_early_stop
         return [i for i, layer in enumerate(self.layers) if layer.checkpointed]
 
+    def set_compile(self, training: TrainingSpec) -> bool:
+        """`training.compile`: torch.compile each decoder block's forward (torchtitan's
+        per-block compile, after activation checkpointing and before FSDP: the block's FSDP2
+        hooks, registered on the module call, stay outside the compiled code)."""
+        if training.compile:
+            for layer in self.layers:
+                layer.forward = torch.compile(layer.forward)
+        return training.compile
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]  # (T, Dh/2)

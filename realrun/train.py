@@ -151,6 +151,7 @@ class Trainer:
         self.model = Llama(sc.model, self.training.seq_len, device)
         # training.activation_checkpointing / checkpoint_early_stop, as simfed charges them
         self.checkpointed = self.model.set_checkpointing(self.training)
+        self.compiled = self.model.set_compile(self.training)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.sharding = shard_model(self.model, self.mesh.model_mesh(), self.algo)
         self.opt, self.sched = build_optimizer(self.model, self.training, device)
@@ -205,6 +206,7 @@ class Trainer:
             "activation_checkpointing": {"blocks": self.checkpointed,
                                          "early_stop": self.training.checkpoint_early_stop,
                                          "policy": self.training.ac_policy},
+            "compile": self.compiled,
             "fedavg_dtype": self.algo.fedavg_dtype if self.fedavg else None,
             "clock": "seconds since a barrier before training",
             "comm_nbytes": "full buffer: all_gather output, reduce_scatter input, "

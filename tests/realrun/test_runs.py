@@ -209,6 +209,20 @@ def test_activation_checkpointing_gives_the_same_losses_under_fsdp2(four, tmp_pa
             "blocks": list(range(SC.model.layers)), "early_stop": True, "policy": policy}
 
 
+def test_compiled_blocks_give_the_same_losses_under_fsdp2(four, tmp_path):
+    """training.compile=true: each block's forward under torch.compile (Inductor's CPU code
+    here), with torchtitan's op checkpointing inside it and FSDP2's hooks outside: the losses
+    those of the plain eager runs (to fp32 reordering), and the trace says so."""
+    res = realrun(tmp_path, "--algorithm", "fsdp", "--set", "training.compile=true",
+                  "--set", "training.activation_checkpointing=op")
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = json.loads((tmp_path / "summary.json").read_text())  # one algorithm: no subfolder
+    assert got["train_loss"] == pytest.approx(summary(four, "fsdp")["train_loss"], rel=1e-5)
+    meta, _ = read_trace(tmp_path / "trace_rank0.jsonl")
+    assert meta["compile"] is True
+    assert meta["activation_checkpointing"]["policy"] == "op"
+
+
 # ---- a killed rank --------------------------------------------------------------------------
 def test_killed_rank_ends_the_run_with_one_line_naming_it(killed):
     out, res, end_s = killed
