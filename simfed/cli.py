@@ -122,6 +122,11 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
                           trace_steps=trace_steps)
     if not quiet:
         print_report(out)
+        if not profile:  # how sure: the published validation's claim and envelope
+            from .calibration.envelope import for_run as envelope_lines
+
+            for line in envelope_lines(scn):
+                click.echo(line)
     if profile:  # where the scenario leaves the calibration's samples (issue 18)
         from .calibration.extrapolation import for_run
 
