@@ -108,7 +108,8 @@ class TrainingSpec:
         doc="1: FSDP1 (FullyShardedDataParallel, a flat parameter per unit: the paper's code, "
         "llm-foundry, fms-fsdp); 2: FSDP2 (fully_shard, per-parameter sharding: torchtitan, "
         "realrun). The kernel model charges FSDP1's flat-gradient cat, cast and pre-division, "
-        "or FSDP2's all-gather copy-out and reduce-scatter copy-in; float8_all_gather needs 2")
+        "or FSDP2's all-gather copy-out and reduce-scatter copy-in; float8_all_gather needs 2. "
+        "realrun always runs FSDP2")
     float8: str = param(
         "none", choices=("none", "tensorwise", "rowwise"),
         doc="torchao float8 training (torchao.float8 Float8Linear, as torchtitan applies it): "
