@@ -117,9 +117,18 @@ class ComputeModel:
             return self.op_recompute_s(unit)
         if not train.layer_checkpointed(unit.index):
             return 0.0
+        forward_s -= self.fsdp_forward_s(unit)  # FSDP's own copies are not re-run
         if not train.checkpoint_early_stop:
-            return forward_s
+            return max(0.0, forward_s)
         return max(0.0, forward_s - self.early_stop_skipped_s(unit))
+
+    def fsdp_forward_s(self, unit: UnitSpec) -> float:
+        """FSDP's own kernels in a unit's forward (FSDP2's all-gather copy-out), with their
+        gaps: part of the forward, not of a checkpointed layer's recompute."""
+        if not self.kernels_mode:
+            return 0.0
+        ks = self.fsdp_kernels(unit, "forward")
+        return sum(k.time_s for k in ks) + len(ks) * self.rt.kernel_gap_us * 1e-6
 
     def op_recompute_s(self, unit: UnitSpec) -> float:
         """torchtitan's selective op checkpointing (pytorch/torchtitan v0.2.0,
@@ -142,7 +151,7 @@ class ComputeModel:
         d, kv = mdl.hidden, mdl.kv_dim
         up = by["mlp gate+up"].time_s / 2 if "mlp gate+up" in by else by["mlp up"].time_s
         gemms = by["qkv"].time_s * kv / (d + 2 * kv) + by["attn out"].time_s + up
-        mem = [k for k in ks if k.flops == 0]
+        mem = [k for k in ks if k.flops == 0 and not k.name.startswith("fsdp")]
         return (gemms + sum(k.time_s for k in mem)
                 + (3 + len(mem)) * self.rt.kernel_gap_us * 1e-6)
 

@@ -260,3 +260,19 @@ def test_float8_all_gather_needs_fsdp2():
                        r"all-gather is FSDP2's"):
         _scenario(float8="tensorwise", fsdp_version=1)
     assert _scenario(float8="tensorwise", fsdp_version=1, float8_all_gather=False)
+
+
+def test_recompute_leaves_out_fsdp2s_copy_out():
+    """A checkpointed layer re-runs its own kernels, not FSDP's copy of the gathered
+    parameters (that belongs to the all-gather, once per gather)."""
+    layer = MODEL.units(8192)[1]
+    full = TrainingSpec(seq_len=8192, micro_batch=1, steps=1, activation_checkpointing="full",
+                        checkpoint_early_stop=False)
+    v1, v2 = _cm(), _cm(fsdp_version=2)
+    copy = v2.fsdp_forward_s(layer)
+    assert copy > 0 and v1.fsdp_forward_s(layer) == 0
+    assert v2.forward_s(layer) == pytest.approx(v1.forward_s(layer) + copy)
+    assert v2.recompute_s(layer, v2.forward_s(layer), full) == pytest.approx(
+        v1.recompute_s(layer, v1.forward_s(layer), full))
+    op = replace(full, activation_checkpointing="op")
+    assert v2.recompute_s(layer, 0.0, op) == pytest.approx(v1.recompute_s(layer, 0.0, op))
