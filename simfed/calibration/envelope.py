@@ -89,7 +89,7 @@ def outside(scn: Scenario, env: dict[str, Any]) -> list[str]:
     q = _quantities(scn)
     for key, (lo, hi) in env["ranges"].items():
         v = q[key]
-        if lo * 0.99 <= v <= hi * 1.01:
+        if v <= 0 or lo <= 0 or lo * 0.99 <= v <= hi * 1.01:
             continue
         bound = hi if v > hi else lo
         out.append(f"{QUANTITIES[key]} {v:,.4g} (runs: {lo:,.4g}..{hi:,.4g}, "
