@@ -151,7 +151,8 @@ class ComputeModel:
         d, kv = mdl.hidden, mdl.kv_dim
         up = by["mlp gate+up"].time_s / 2 if "mlp gate+up" in by else by["mlp up"].time_s
         gemms = by["qkv"].time_s * kv / (d + 2 * kv) + by["attn out"].time_s + up
-        mem = [k for k in ks if k.flops == 0 and not k.name.startswith("fsdp")]
+        fsdp = self.fsdp_kernels(unit, "forward")  # FSDP's copies are not re-run
+        mem = [k for k in ks if k.flops == 0 and k not in fsdp]
         return (gemms + sum(k.time_s for k in mem)
                 + (3 + len(mem)) * self.rt.kernel_gap_us * 1e-6)
 
@@ -296,40 +297,42 @@ class ComputeModel:
         x, w, dy = float(m * k), float(n * k), float(m * n)
         fwd, comp = direction == "forward", self.compile
         casts: list[tuple[str, float]] = []
+
+        def add(who: str, elements: float, steps: list[tuple[str, float]]) -> None:
+            """One kernel per (step, bytes an element) of casting `who`."""
+            casts.extend((f"{who} {step}" if who else step, b * elements) for step, b in steps)
+
         if self.float8 == "tensorwise":
             plain = [("amax", 2.0), ("cast", 3.0)]
             with_t = [*plain, ("transpose", 2.0)]
+            both_layouts = [("cast+transpose", 4.0)]
             ag8 = self.float8_all_gather
             if fwd:
-                casts += [(f"input {w_}", b * x) for w_, b in
-                          ([("cast+transpose", 4.0)] if comp else plain)]
+                add("input", x, both_layouts if comp else plain)
                 if not ag8:
-                    casts += [(f"weight {w_}", b * w) for w_, b in
-                              ([("amax", 2.0), ("cast+transpose", 4.0)] if comp else plain)]
+                    add("weight", w, [("amax", 2.0), *both_layouts] if comp else plain)
             else:
-                casts += [(f"dY {w_}", b * dy) for w_, b in
-                          ([("cast+transpose", 4.0)] if comp else with_t)]
+                add("dY", dy, both_layouts if comp else with_t)
                 if not comp:
-                    casts += [(f"input {w_}", b * x) for w_, b in with_t]
+                    add("input", x, with_t)
                 if ag8:
-                    casts.append(("weight transpose", 2.0 * w))
+                    add("", w, [("weight transpose", 2.0)])
                 elif not comp:
-                    casts += [(f"weight {w_}", b * w) for w_, b in with_t]
+                    add("weight", w, with_t)
         else:  # rowwise
             two_axes = [("cast dim0+transpose", 5.0), ("cast dim1", 3.0)]
             eager_dim0 = [("amax", 2.0), ("cast", 3.0)]
             eager_dim1 = [("transpose", 4.0), ("amax dim1", 2.0), ("cast dim1", 3.0)]
             if fwd:
-                for who, el in (("input", x), ("weight", w)):
-                    casts += [(f"{who} {w_}", b * el) for w_, b in
-                              (two_axes if comp else eager_dim0)]
+                add("input", x, two_axes if comp else eager_dim0)
+                add("weight", w, two_axes if comp else eager_dim0)
             else:
-                casts += [(f"dY {w_}", b * dy) for w_, b in
-                          (two_axes if comp else eager_dim0 + eager_dim1)]
+                add("dY", dy, two_axes if comp else eager_dim0 + eager_dim1)
                 if not comp:
-                    for who, el in (("input", x), ("weight", w)):
-                        casts += [(f"{who} {w_}", b * el) for w_, b in eager_dim1]
-                    casts += [("dgrad post-scale", 4.0 * x), ("wgrad post-scale", 4.0 * w)]
+                    add("input", x, eager_dim1)
+                    add("weight", w, eager_dim1)
+                    add("", x, [("dgrad post-scale", 4.0)])
+                    add("", w, [("wgrad post-scale", 4.0)])
         return casts
 
     def _layer_kernels(self, unit: UnitSpec, direction: str) -> list[Kernel]:
@@ -419,6 +422,10 @@ class ComputeModel:
                     "residual add": 3 * t * d * p}
         return regions
 
+    def gathered_nbytes(self, unit: UnitSpec) -> int:
+        """Bytes FSDP all-gathers for `unit` under this run's float8 settings."""
+        return gathered_nbytes(self.model, unit, self.float8, self.float8_all_gather)
+
     def fsdp_kernels(self, unit: UnitSpec, direction: str) -> list[Kernel]:
         """FSDP's own memory-bound work around a unit's compute: FSDP1's on the unsharded
         gradient (`fsdp_grad_kernel`, backward); FSDP2's copies between its collectives'
@@ -436,8 +443,8 @@ class ComputeModel:
         r = self.reduce_nbytes or p
         out = []
         if self.sharded and (not bwd or (self.regather_backward and unit.index > 0)):
-            gathered = gathered_nbytes(self.model, unit, self.float8, self.float8_all_gather)
-            out.append(self.memory_bound("fsdp2 all-gather copy-out", 2.0 * gathered))
+            out.append(self.memory_bound("fsdp2 all-gather copy-out",
+                                         2.0 * self.gathered_nbytes(unit)))
         if bwd:
             out.append(self.memory_bound("fsdp2 reduce-scatter copy-in",
                                          float(unit.params * (p + r))))

@@ -10,8 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from simfed.cli import main
-from simfed.compute import ComputeModel
-from simfed.engine.run import gathered_nbytes
+from simfed.compute import ComputeModel, gathered_nbytes
 from simfed.hardware import Hardware
 from simfed.spec import SpecError
 from simfed.spec.loader import scenario_from_dict
@@ -123,9 +122,12 @@ def test_float8_all_gather_moves_linear_weights_in_one_byte():
     tw = TrainingSpec(seq_len=8192, micro_batch=1, steps=1, float8="tensorwise")
     rw = replace(tw, float8="rowwise")
     linear = MODEL.attention_params + MODEL.mlp_params
-    assert gathered_nbytes(MODEL, units[1], tw) == linear + 2 * MODEL.hidden * 2
-    assert gathered_nbytes(MODEL, units[1], rw) == units[1].nbytes  # rowwise gathers bf16
-    assert gathered_nbytes(MODEL, units[0], tw) == units[0].nbytes  # embedding, LM head
+    def gathered(unit, tr):
+        return gathered_nbytes(MODEL, unit, tr.float8, tr.float8_all_gather)
+
+    assert gathered(units[1], tw) == linear + 2 * MODEL.hidden * 2
+    assert gathered(units[1], rw) == units[1].nbytes  # rowwise gathers bf16
+    assert gathered(units[0], tw) == units[0].nbytes  # embedding, LM head
 
 
 def test_float8_and_compile_speed_up_a_run_and_gather_float8_weights():
@@ -222,7 +224,7 @@ def test_float8_all_gather_off_gathers_the_model_dtype_and_casts_weights_in_the_
     tw = TrainingSpec(seq_len=8192, micro_batch=1, steps=1, float8="tensorwise",
                       float8_all_gather=False)
     layer = MODEL.units(8192)[1]
-    assert gathered_nbytes(MODEL, layer, tw) == layer.nbytes
+    assert gathered_nbytes(MODEL, layer, tw.float8, tw.float8_all_gather) == layer.nbytes
     scn = _scenario(float8="tensorwise", float8_all_gather=False, compile=True)
     from simfed.engine.run import simulate_algorithm
     on = _scenario(float8="tensorwise", compile=True)

@@ -68,7 +68,8 @@ def published_envelope(folder: Path = DEFAULT_DIR) -> dict[str, Any] | None:
     ranges: dict[str, list[float]] = {}
     families: set[str] = set()
     seen: dict[str, set[str]] = {}
-    for c in load_cases(folder):
+    cases = load_cases(folder)
+    for c in cases:
         scn = load_scenario(folder / c["scenario"])
         families.add(_gpu_family(scn.cluster.node.gpu.name))
         for k, v in _settings(scn).items():
@@ -77,8 +78,7 @@ def published_envelope(folder: Path = DEFAULT_DIR) -> dict[str, Any] | None:
             lo, hi = ranges.get(k, [v, v])
             ranges[k] = [min(lo, v), max(hi, v)]
     data = yaml.safe_load((folder / "cases.yaml").read_text(encoding="utf-8")) or {}
-    n = len(data.get("cases") or [])
-    return {"ranges": ranges, "gpus_families": sorted(families), "cases": n,
+    return {"ranges": ranges, "gpus_families": sorted(families), "cases": len(cases),
             "settings": {k: sorted(v) for k, v in seen.items()},
             "claims": data.get("claims") or {}}
 

@@ -11,7 +11,6 @@ from functools import partial
 from typing import Any
 
 from ..compute import ComputeModel
-from ..compute import gathered_nbytes as compute_gathered_nbytes
 from ..contention import for_run as contention_for_run
 from ..convergence import attach as attach_convergence
 from ..hardware import Hardware
@@ -83,7 +82,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         forward_s=fwd,
         backward_s=bwd,
         unit_nbytes=tuple(u.nbytes for u in units),
-        gather_nbytes=tuple(gathered_nbytes(model, u, train) for u in units),
+        gather_nbytes=tuple(cm.gathered_nbytes(u) for u in units),
         optimizer_s=(cm.optimizer_s(shard_params, model, train)
                      + us_to_s(rt.optimizer_overhead_us)) / train.grad_accum,
         shard=plan.shard, replicate=plan.replicate, groups=plan.groups,
@@ -123,12 +122,6 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     return AlgorithmRun(result=result, spans=spans, events=ops)
 
 
-def gathered_nbytes(model, unit, train) -> int:
-    """Bytes FSDP all-gathers for a unit (`simfed.compute.gathered_nbytes`: float8 weights
-    under FSDP2's float8 all-gather)."""
-    return compute_gathered_nbytes(model, unit, train.float8, train.float8_all_gather)
-
-
 def _step_times_at(scn: Scenario, kw: dict[str, Any], factors: Any, agg: set[int]
                    ) -> list[float]:
     """Step times of one federation group whose every rank runs at these factors (links as the
@@ -156,8 +149,7 @@ def _interfered(scn: Scenario, hw: Hardware, plan, units, fwd, bwd, cm: ComputeM
     share = scn.runtime.comm.sm_share
     out_f, out_b = [], []
     for u, f, b in zip(units, fwd, bwd, strict=True):
-        ag = nccl.time_s("all_gather", gathered_nbytes(scn.model, u, scn.training), plan.shard,
-                         shard_nodes)
+        ag = nccl.time_s("all_gather", cm.gathered_nbytes(u), plan.shard, shard_nodes)
         rs = nccl.time_s("reduce_scatter", u.nbytes * red, plan.shard, shard_nodes)
         ar = (nccl.time_s("all_reduce", u.nbytes * red / plan.shard, plan.replicate,
                           max(1, plan.replicate * plan.shard // g // max(1, shard_nodes)))
