@@ -23,8 +23,11 @@ def _num(v: Any) -> float | None:
 def plot_validation(data: Mapping[str, Any], *, title: str | None = None) -> Figure:
     """`data`: {"runs": [{name, algorithm, predicted_step_time_s, measured_step_time_s,
     predicted_phases_s, measured_phases_s}], "speedups": [{name, predicted, measured}]};
-    every field is optional, runs or speedups missing a side are skipped."""
-    runs = [r for r in (data.get("runs") or []) if isinstance(r, Mapping)]
+    every field is optional, runs or speedups missing a side are skipped. A run marked
+    `baseline` (a shape's FSDP run repeated to pair a speedup) is left out of the step panels,
+    as `simfed validate`'s summary leaves it out of the medians."""
+    runs = [r for r in (data.get("runs") or []) if isinstance(r, Mapping)
+            and not r.get("baseline")]
     steps = [r for r in runs if _num(r.get("predicted_step_time_s"))
              and _num(r.get("measured_step_time_s"))]
     phased = [r for r in runs if isinstance(r.get("predicted_phases_s"), Mapping)

@@ -177,6 +177,11 @@ def test_validation_marks_fit_and_check_apart():
     title = parity.get_title()
     # fit: +10% and +25% (median 17.5%); check: -9.1%
     assert "fit median |error| 17.5%" in title and "check median |error| 9.1%" in title
+    # a repeated FSDP run that only pairs a speedup does not count (validate's summary agrees)
+    repeat = {"name": "fsdp K4", "algorithm": "fsdp", "split": "check", "baseline": True,
+              "predicted_step_time_s": 2.0, "measured_step_time_s": 1.0}
+    assert "check median |error| 9.1%" in plot_validation({"runs": runs + [repeat]}
+                                                           ).axes[0].get_title()
     assert [t.get_text() for t in parity.get_legend().get_texts()][-2:] == ["fit set",
                                                                             "check set"]
     from matplotlib.collections import PathCollection
