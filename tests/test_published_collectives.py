@@ -72,7 +72,8 @@ def test_a_bad_set_is_a_one_line_error(tmp_path):
     data["tables"][0]["set"] = "train"
     bad = tmp_path / "collectives.yaml"
     bad.write_text(yaml.safe_dump(data))
-    with pytest.raises(SpecError, match=r"tables\[0\]\.set: expected fit or check, got 'train'"):
+    with pytest.raises(SpecError,
+                       match=r"tables\[0\]\.set: input should be 'fit' or 'check', got 'train'"):
         load(bad)
 
 

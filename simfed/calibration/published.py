@@ -13,9 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..spec.schema import SpecError
+from . import published_files as files
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "validation" / "published"
 SETS = ("fit", "check")
@@ -23,18 +22,7 @@ SETS = ("fit", "check")
 
 def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
     path = folder / "cases.yaml"
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"validate --published: {path} not found") from None
-    cases = (data or {}).get("cases") or []
-    for i, c in enumerate(cases):
-        for key in ("name", "scenario", "set", "published_tokens_per_s_per_gpu", "source"):
-            if key not in c:
-                raise SpecError(f"{path}: cases[{i}]: missing {key}")
-        if c["set"] not in SETS:
-            raise SpecError(f"{path}: cases[{i}].set: expected fit or check, got {c['set']!r}")
-    return cases
+    return files.entries(path, files.read(path), "cases", files.PublishedRun)
 
 
 def predict_case(folder: Path, case: dict[str, Any],
@@ -43,7 +31,10 @@ def predict_case(folder: Path, case: dict[str, Any],
     from ..engine import simulate
     from ..spec import load_scenario
 
-    scn = load_scenario(folder / case["scenario"], overrides)
+    try:
+        scn = load_scenario(folder / case["scenario"], overrides)
+    except SpecError as exc:
+        raise SpecError(f"{folder / 'cases.yaml'}: case {case['name']}: {exc}") from None
     out, _ = simulate(scn, algorithms=[scn.algorithms[0].name])
     r = out["algorithms"][0]
     pub = float(case["published_tokens_per_s_per_gpu"])
@@ -96,23 +87,16 @@ def speedup_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
     path = folder / "speedups.yaml"
     if not path.is_file():
         return []
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    cases = files.entries(path, files.read(path), "cases", files.PublishedSpeedup)
     rows = []
-    for i, c in enumerate(data.get("cases") or []):
-        for key in ("name", "scenario", "baseline", "variant", "published", "source"):
-            if key not in c:
-                raise SpecError(f"{path}: cases[{i}]: missing {key}")
+    for i, c in enumerate(cases):
         pub = c["published"]
-        if not isinstance(pub, dict) or not {"baseline", "variant"} <= set(pub) or min(
-                float(pub["baseline"]), float(pub["variant"])) <= 0:
-            raise SpecError(f"{path}: cases[{i}].published: expected baseline and variant "
-                            f"tokens/s > 0, got {pub!r}")
         tps = []
         for which in ("baseline", "variant"):
-            scn = load_scenario(folder / c["scenario"], c[which])
+            try:
+                scn = load_scenario(folder / c["scenario"], c[which])
+            except SpecError as exc:
+                raise files.scenario_error(path, "cases", i, c, exc) from None
             out, _ = simulate(scn, algorithms=[scn.algorithms[0].name])
             tps.append(float(out["algorithms"][0]["tokens_per_s_per_gpu"]))
         published = float(pub["variant"]) / float(pub["baseline"])

@@ -14,8 +14,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..spec.schema import SpecError
 
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "validation" / "published" / "collectives.yaml"
@@ -24,21 +22,11 @@ MIN_BYTES = 1 << 20
 
 
 def load(path: Path = DEFAULT_FILE) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise SpecError(f"validate --published: {path} not found") from None
-    for kind in ("tables", "cases"):
-        for i, e in enumerate(data.get(kind) or []):
-            need = ("name", "set", "scenario", "op", "nodes", "gpus_per_node", "source")
-            need += ("rows",) if kind == "tables" else ("nbytes", "published_busbw_GBps")
-            for key in need:
-                if key not in e:
-                    raise SpecError(f"{path}: {kind}[{i}]: missing {key}")
-            if e["set"] not in SETS:
-                raise SpecError(f"{path}: {kind}[{i}].set: expected fit or check, "
-                                f"got {e['set']!r}")
-    return data
+    from ..calibration import published_files as files
+
+    data = files.read(path)
+    return {**data, "tables": files.entries(path, data, "tables", files.CollectiveTable),
+            "cases": files.entries(path, data, "cases", files.CollectivePoint)}
 
 
 def entry_rows(entry: dict[str, Any]) -> list[tuple[int, float]]:
@@ -54,7 +42,10 @@ def entry_model(entry: dict[str, Any], folder: Path):
     from ..spec import load_scenario
     from .nccl import nccl_model
 
-    scn = load_scenario(folder / entry["scenario"], entry.get("set_keys"))
+    try:
+        scn = load_scenario(folder / entry["scenario"], entry.get("set_keys"))
+    except SpecError as exc:
+        raise SpecError(f"{entry['name']}: {exc}") from None
     n = entry["nodes"] * entry["gpus_per_node"]
     if entry["gpus_per_node"] != scn.cluster.node.gpus or entry["nodes"] > scn.cluster.nodes:
         raise SpecError(f"{entry['name']}: {entry['nodes']} x {entry['gpus_per_node']} GPUs do "

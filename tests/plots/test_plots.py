@@ -180,7 +180,7 @@ def test_validation_marks_fit_and_check_apart():
     # a repeated FSDP run that only pairs a speedup does not count (validate's summary agrees)
     repeat = {"name": "fsdp K4", "algorithm": "fsdp", "split": "check", "baseline": True,
               "predicted_step_time_s": 2.0, "measured_step_time_s": 1.0}
-    assert "check median |error| 9.1%" in plot_validation({"runs": runs + [repeat]}
+    assert "check median |error| 9.1%" in plot_validation({"runs": [*runs, repeat]}
                                                            ).axes[0].get_title()
     assert [t.get_text() for t in parity.get_legend().get_texts()][-2:] == ["fit set",
                                                                             "check set"]
