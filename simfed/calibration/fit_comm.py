@@ -244,6 +244,8 @@ def fit_comm(scn: Scenario, samples: Samples, force: tuple[str, ...] = ()) -> Fi
             x[idx] = z
             return np.array([(model(x, f) - f.measured) / f.measured for f in feats])
 
+        if not idx:  # every unknown set aside: the scenario's values stand
+            return x0.copy(), np.zeros((0, 0)), resid(np.zeros(0))
         scale = np.where(x0[idx] > 0, x0[idx], 1e-9)
         # robust (soft L1 beyond 10%): a case that hit a TCP loss-and-backoff on the
         # tc-limited links, or a scheduler hiccup on a shared core, must not drag the fit

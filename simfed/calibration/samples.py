@@ -149,6 +149,29 @@ def _bench_instances(group: str, size: int, concurrent: int, nodes: int, per_nod
     return tuple(insts[: max(1, concurrent)])
 
 
+def _check_group(row: CommRow, nodes: int, per_node: int, where: str) -> None:
+    """A bench row's op and group kind are ones realrun measures, and its group fits the
+    bench's nodes x ranks per node (a SpecError naming the row otherwise)."""
+    if row.op not in ("all_gather", "reduce_scatter", "all_reduce"):
+        raise SpecError(f"{where}: op {row.op!r} is not all_gather, reduce_scatter or "
+                        "all_reduce")
+    if row.group == "intra":
+        most, what = per_node, f"{per_node} ranks per node"
+    elif row.group == "inter":
+        most, what = nodes, f"{nodes} nodes"
+    elif row.group == "world":
+        most, what = nodes * per_node, f"{nodes} nodes x {per_node} ranks"
+    elif row.group.startswith("nodes") and row.group[5:].isdigit():
+        b = int(row.group[5:])
+        if not 1 <= b <= nodes:
+            raise SpecError(f"{where}: a block of {b} nodes in a bench of {nodes} nodes")
+        most, what = nodes, f"{nodes} nodes (one rank per node)"
+    else:
+        raise SpecError(f"{where}: group {row.group!r} is not intra, inter, world or nodes<b>")
+    if row.group_size > most:
+        raise SpecError(f"{where}: {row.group_size} ranks in a group of the bench's {what}")
+
+
 def _malformed_is_bad_input(read):
     """A reader whose malformed input (a missing field, a wrong type, NaN where a count goes)
     is a one-line SpecError naming the file, not a traceback."""
@@ -180,8 +203,8 @@ def read_bench(path: Path) -> Samples:
         raise SpecError(f"calibrate: {p} is not a bench summary (a JSON object)")
     bench = BenchSummary.parse(data, f"calibrate: {p}")  # simfed.spec.bench: the typed rows
     meta = bench.meta
-    nodes = int(meta.get("nodes", 1))
-    per_node = int(meta.get("ranks_per_node", meta.get("world_size", 1)))
+    nodes = int(meta.get("nodes") or 1)  # (checked: whole numbers from 1, BenchSummary.parse)
+    per_node = int(meta.get("ranks_per_node") or meta.get("world_size") or 1)
     world = nodes * per_node
     src = str(p)
     out = Samples(sources=[src])
@@ -192,8 +215,8 @@ def read_bench(path: Path) -> Samples:
     out.meta["backend"] = meta.get("backend", "")
     # a testbed's ranks share the host's cores: each node's pinned to `cores` of `host_cores`
     # (unpinned, off the testbed: all ranks share all of the host's cores)
-    cores = int(meta.get("cores", 0)) if meta.get("network") == "testbed" else 0
-    host_cores = int(meta.get("host_cores", 0))
+    cores = int(meta.get("cores") or 0) if meta.get("network") == "testbed" else 0
+    host_cores = int(meta.get("host_cores") or 0)
     if cores and host_cores:
         out.meta["host_cores"] = host_cores
     out.beside += _beside_rows(bench.comm, src)
@@ -203,6 +226,8 @@ def read_bench(path: Path) -> Samples:
         op = row.op
         run_op = "all_reduce" if (op == "reduce_scatter"
                                   and out.meta["reduce_scatter_impl"] == "all_reduce") else op
+        _check_group(row, nodes, per_node, f"calibrate: {p}: comm row {row.op} {row.group} "
+                     f"p={row.group_size}")
         insts = _bench_instances(row.group, row.group_size, row.concurrent_groups, nodes,
                                  per_node)
         out.comm.append(CommSample(

@@ -11,10 +11,12 @@ same as before the rows were typed, and summaries written since then load.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .limits import MAX_WORLD
 from .models import one_line
 from .schema import SpecError
 
@@ -212,11 +214,98 @@ class BenchSummary(BenchRow):
 
     @classmethod
     def parse(cls, data: Any, where: str) -> BenchSummary:
-        """A summary read back (a SpecError of one line naming the row and field otherwise)."""
+        """A summary read back (a SpecError of one line naming the row and field otherwise):
+        typed rows whose numbers are ones calibration can use (`check_read`)."""
         try:
-            return cls.model_validate(data)
+            summary = cls.model_validate(data)
         except ValidationError as exc:
             raise SpecError(f"{where}: {one_line(exc, cls)}") from None
+        summary.check_read(where)
+        return summary
+
+    def check_read(self, where: str) -> None:
+        """The numbers of a summary read back, as calibration divides by and fits them: every
+        one finite; counts, sizes, FLOPs and measured times above zero; the geometry in `meta`
+        (nodes, ranks_per_node, cores) whole numbers in range; no group larger than the world.
+        The writer (realrun.bench_summary) is not held to this: a run's odd measurement still
+        lands in its summary, and reading it back names the row and field."""
+        world = _check_meta(self.meta, where)
+        for table in ("comm", "compute", "checks", "units", "model", "optimizer", "fedavg"):
+            for i, row in enumerate(getattr(self, table)):
+                for name in type(row).model_fields:
+                    v = getattr(row, name)
+                    if isinstance(v, bool) or not isinstance(v, int | float):
+                        continue
+                    bad = _bad_number(name, v)
+                    if bad:
+                        raise SpecError(f"{where}: {table}[{i}].{name}: {bad}, got {v!r}")
+                size = getattr(row, "group_size", None)
+                if world and size is not None and size > world:
+                    raise SpecError(f"{where}: {table}[{i}].group_size: {size} ranks in a "
+                                    f"bench of {world} (meta: nodes x ranks_per_node)")
+
+
+MAX_NBYTES = 2**50  # 1 PiB: far above any buffer a bench moves, small enough to stay finite
+MAX_FLOPS = 1e21
+MAX_TIME_S = 1e7  # as simfed.spec.limits: a time in seconds is at most 10^7 s
+MIN_TIME_S = 1e-9  # no clock a bench reads is finer than a nanosecond
+# counts and sizes: whole and at least 1 (with the most a summary may hold)
+_COUNTS = {"group_size": MAX_WORLD, "nodes": MAX_WORLD, "concurrent_groups": MAX_WORLD,
+           "concurrent": MAX_WORLD, "ranks_per_node": MAX_WORLD, "shard": MAX_WORLD,
+           "nbytes": MAX_NBYTES, "params": 1e15, "tensors": 1e9, "tokens": 1e12,
+           "loop_iters": 1e9, "hidden": 2**24, "ffn_hidden": 2**24, "cores": 1024}
+_DIFFERENCES = {"drift_mean_s", "detail_check_s"}  # times that may be below zero
+
+
+def _bad_number(name: str, v: float) -> str:
+    """Why a row's number cannot be used ("" when it can)."""
+    if not math.isfinite(v):
+        return "not a finite number"
+    if name in _COUNTS:
+        return "" if 1 <= v <= _COUNTS[name] else f"expected 1 to {_COUNTS[name]:.4g}"
+    if name == "flops":
+        return "" if 0 < v <= MAX_FLOPS else f"expected above 0 and at most {MAX_FLOPS:.4g}"
+    if name in ("time_s", "coll_time_s"):  # a measured time
+        return "" if MIN_TIME_S <= v <= MAX_TIME_S else \
+            f"expected a measured time of {MIN_TIME_S:g} to {MAX_TIME_S:g} s"
+    if name.endswith("_s") and "_per_" not in name:  # a time (not a rate: gflops_per_s)
+        lo = -MAX_TIME_S if name in _DIFFERENCES else 0.0
+        return "" if lo <= v <= MAX_TIME_S else f"expected {lo:g} to {MAX_TIME_S:g} s"
+    if v < 0:  # samples, rates, ratios, indices
+        return "expected 0 or more"
+    return ""
+
+
+def _check_meta(meta: dict[str, Any], where: str) -> int:
+    """The bench's geometry in `meta` (each key optional): nodes, ranks_per_node and world_size
+    whole numbers from 1, cores and host_cores whole numbers from 0, the link rate finite and 0
+    or more. Returns the world size (0 when meta does not say)."""
+    def whole(key: str, lo: int, hi: int) -> int | None:
+        v = meta.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or v != int(v) or not lo <= v <= hi:
+            raise SpecError(f"{where}: meta.{key}: expected a whole number from {lo} to "
+                            f"{hi:,}, got {v!r}")
+        return int(v)
+
+    nodes = whole("nodes", 1, MAX_WORLD)
+    world_size = whole("world_size", 1, MAX_WORLD)
+    per_node = whole("ranks_per_node", 1, MAX_WORLD)
+    whole("cores", 0, 1024)
+    whole("host_cores", 0, 1024)
+    rate = meta.get("link_rate_Gbps")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
+                             or not math.isfinite(rate) or rate < 0):
+        raise SpecError(f"{where}: meta.link_rate_Gbps: expected a finite rate of 0 or more "
+                        f"(0 or null: the scenario's), got {rate!r}")
+    if nodes is not None and per_node is not None:
+        if nodes * per_node > MAX_WORLD:
+            raise SpecError(f"{where}: meta: {nodes} nodes x {per_node} ranks is more than "
+                            f"{MAX_WORLD:,} ranks")
+        return nodes * per_node
+    return world_size or 0
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"meta": dict(self.meta)}
