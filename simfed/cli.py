@@ -100,10 +100,14 @@ _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--profile", type=click.Path(dir_okay=False),
               help="A calibrated profile (simfed calibrate) merged over the scenario.")
 @click.option("--quiet", "-q", is_flag=True, help="No table on stdout.")
+@click.option("--robustness", is_flag=True,
+              help="Also simulate the scenario under each of the model's known errors "
+                   "(compute, NVLink and network collectives, GPU variation, debug checks; "
+                   "sizes from the published validation) and say whether the winner holds.")
 @_SET
 def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps: int | None,
         algorithms: tuple[str, ...], seed: int | None, profile: str | None, quiet: bool,
-        sets: tuple[str, ...]) -> None:
+        robustness: bool, sets: tuple[str, ...]) -> None:
     """Simulate every algorithm of SCENARIO and compare them."""
     from .analysis.report import print_report, write_json, write_traces
     from .engine import simulate
@@ -132,6 +136,17 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
 
         for line in for_run(scn, profile, out, list(algorithms) or None):
             click.echo(line)
+    if robustness:
+        from rich.console import Console
+
+        from .analysis.robustness import print_robustness
+        from .analysis.robustness import robustness as robust
+
+        res = robust(scenario, overrides, out, profile=profile,
+                     algorithms=list(algorithms) or None)
+        out = {**out, "robustness": res}
+        if not quiet:
+            print_robustness(res, Console())
     if json_path:
         write_json(json_path, out)
         click.echo(f"wrote {json_path}")

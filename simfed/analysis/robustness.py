@@ -1,0 +1,237 @@
+"""Does the answer survive the model's known errors? (`simfed run --robustness`)
+
+The scenario is simulated again under each perturbation of an input the validation found
+uncertain, by as much as it found: compute by the kernel model's worst error on the published
+FSDP runs (validation/published/cases.yaml claims), collectives inside a node by how much faster
+than published nccl-tests tables NCCL's model is from 1 to 64 MiB, the inter-node network by
+the published multi-node tables' median error (validation/published/collectives.yaml, as
+`simfed validate --published` compares them), GPU-to-GPU variation (Sinha et al., SC22) where the
+scenario has none, and the host's debug-check costs halved and doubled where they are on (their
+constants are estimates). Each perturbation moves every algorithm of the scenario at once; the
+report gives each one's step time and speedup and which algorithm wins (first to the target
+loss where the scenario has one, else the highest tokens/s), so a user sees whether the ranking
+and the margin hold, not just one number.
+
+The magnitudes are read from the published validation when this runs, so they follow the model.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..calibration.published import DEFAULT_DIR
+from ..spec.scenario import Scenario
+from ..spec.schema import SpecError
+
+MID_SIZE = (1 << 20, 64 << 20)  # the sizes where NCCL's model runs ahead of nccl-tests
+GPU_VARIATION = 0.013  # sd of GPU speed at a few thousand GPUs: Sinha et al. SC22 (profiles)
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    name: str
+    why: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, float]:
+    """The validation's error magnitudes: `compute` the kernel model's worst |tokens/s/GPU
+    error| claimed on the published runs; `nvlink` predicted / published busbw (median) of the
+    one-node rows from 1 to 64 MiB; `network` the median |error| of the multi-node rows."""
+    from ..calibration import published_files
+    from ..collectives.published import compare
+
+    claims = published_files.read(folder / "cases.yaml").get("claims") or {}
+    if not isinstance(claims.get("worst_abs_error"), (int, float)):
+        raise SpecError(f"{folder / 'cases.yaml'}: claims.worst_abs_error: expected a number, "
+                        f"got {claims.get('worst_abs_error')!r}")
+    out = {"compute": float(claims["worst_abs_error"])}
+    path = folder / "collectives.yaml"
+    if path.is_file():
+        rows = compare(path)
+        mid = [r["predicted_GBps"] / r["published_GBps"] for r in rows
+               if r["nodes"] == 1 and MID_SIZE[0] <= r["size_bytes"] <= MID_SIZE[1]]
+        multi = [abs(r["error"]) for r in rows if r["nodes"] > 1]
+        if mid:
+            out["nvlink"] = statistics.median(mid)
+        if multi:
+            out["network"] = statistics.median(multi)
+    return out
+
+
+def _scaled(value: float, factor: float) -> float:
+    return min(1.0, value * factor)
+
+
+def perturbations(scn: Scenario, sizes: dict[str, float]) -> list[Perturbation]:
+    """The perturbations that apply to `scn`, each with its overrides (dotted keys)."""
+    rt = scn.runtime
+    c, comm, host = rt.compute, rt.comm, rt.host
+    out: list[Perturbation] = []
+    w = sizes["compute"]
+    src = "the kernel model's worst error on the published FSDP runs"
+    for sign, word in ((1, "slower"), (-1, "faster")):
+        f = 1.0 / (1.0 + sign * w)
+        if c.model == "kernels":
+            keys = {"runtime.compute.gemm_efficiency": _scaled(c.gemm_efficiency, f),
+                    "runtime.compute.attention_efficiency_forward":
+                        _scaled(c.attention_efficiency_forward, f),
+                    "runtime.compute.attention_efficiency_backward":
+                        _scaled(c.attention_efficiency_backward, f),
+                    "runtime.compute.hbm_efficiency": _scaled(c.hbm_efficiency, f)}
+        else:
+            keys = {"runtime.compute.efficiency_forward": _scaled(c.efficiency_forward, f),
+                    "runtime.compute.efficiency_backward": _scaled(c.efficiency_backward, f)}
+        out.append(Perturbation(f"compute {100 * w:.0f}% {word}", src, keys))
+    if "nvlink" in sizes and sizes["nvlink"] > 1 and scn.cluster.node.gpus > 1:
+        r = sizes["nvlink"]
+        out.append(Perturbation(
+            f"NVLink collectives {100 * (1 - 1 / r):.0f}% slower",
+            f"NCCL's model runs {100 * (r - 1):.0f}% ahead of published nccl-tests inside a node "
+            "from 1 to 64 MiB (median); applied at every size",
+            {"runtime.comm.nvlink_efficiency": comm.nvlink_efficiency / r}))
+    if "network" in sizes and scn.cluster.nodes > 1:
+        e = sizes["network"]
+        src = "the published multi-node nccl-tests rows' median |error|"
+        for sign, word in ((-1, "slower"), (1, "faster")):
+            eff = _scaled(comm.nic_efficiency, 1.0 + sign * e)
+            change = abs(eff / comm.nic_efficiency - 1.0)
+            if change > 0:
+                out.append(Perturbation(
+                    f"inter-node network {100 * change:.0f}% {word}",
+                    src + (f" ({100 * e:.0f}%), capped at the line rate" if eff == 1.0 else ""),
+                    {"runtime.comm.nic_efficiency": eff}))
+    if c.gpu_variation == 0 and scn.cluster.world > 1:
+        out.append(Perturbation(f"GPU-to-GPU variation {100 * GPU_VARIATION:.1f}%",
+                                "Sinha et al. SC22 (off in the shipped profiles)",
+                                {"runtime.compute.gpu_variation": GPU_VARIATION}))
+    if str(host.debug_checks) != "off":
+        for f, word in ((0.5, "halved"), (2.0, "doubled")):
+            out.append(Perturbation(f"debug-check costs {word}",
+                                    "their per-message constants are estimates",
+                                    {"runtime.host.gloo_hop_us": host.gloo_hop_us * f,
+                                     "runtime.host.gloo_rank0_msg_us":
+                                         host.gloo_rank0_msg_us * f}))
+    return out
+
+
+def _winner(out: dict[str, Any]) -> tuple[str | None, str]:
+    conv = out.get("convergence") or {}
+    if "first_to_target" in conv:  # a label, or None when no algorithm gets there
+        first = conv["first_to_target"]
+        name = next((a["name"] for a in out["algorithms"] if first in (a["name"], a["label"])),
+                    None)
+        return name, "first to the target loss"
+    best = max(out["algorithms"], key=lambda a: a["tokens_per_s"])
+    return best["name"], "highest tokens/s"
+
+
+def _row(name: str, why: str, out: dict[str, Any]) -> dict[str, Any]:
+    winner, by = _winner(out)
+    return {"perturbation": name, "why": why, "winner": winner, "winner_by": by,
+            "algorithms": {a["name"]: {"label": a["label"], "step_time_s": a["step_time_s"],
+                                       "speedup": a["speedup"],
+                                       "time_to_target_s": a.get("time_to_target_s")}
+                           for a in out["algorithms"]}}
+
+
+def robustness(scenario: str | Path, overrides: dict[str, Any] | None, out: dict[str, Any], *,
+               profile: str | None = None, algorithms: list[str] | None = None,
+               folder: Path = DEFAULT_DIR) -> dict[str, Any]:
+    """`out` (the scenario as given, already simulated) and every perturbation simulated."""
+    from ..engine import simulate
+    from ..spec import load_scenario
+
+    base = load_scenario(scenario, overrides, profile=profile)
+    if base.runtime.compute.model != "kernels":
+        return {"skipped": "the published validation's error sizes are the kernel model's on "
+                           "GPU clusters; this scenario uses runtime.compute.model "
+                           f"{base.runtime.compute.model}"}
+    rows = [_row("as given", "", out)]
+    for p in perturbations(base, published_error_sizes(folder)):
+        try:
+            scn = load_scenario(scenario, {**(overrides or {}), **p.overrides}, profile=profile)
+        except SpecError as exc:  # a perturbation the scenario's own limits refuse
+            raise SpecError(f"--robustness: {p.name}: {exc}") from None
+        res, _ = simulate(scn, algorithms=algorithms)
+        rows.append(_row(p.name, p.why, res))
+    winners = [r["winner"] for r in rows]
+    spans = {}
+    for name in rows[0]["algorithms"]:
+        s = [r["algorithms"][name]["speedup"] for r in rows]
+        spans[name] = [min(s), max(s)]
+    ttt: dict[str, list[float | None]] = {}
+    if "first to the target loss" in rows[0]["winner_by"]:
+        for name in rows[0]["algorithms"]:
+            v = [r["algorithms"][name]["time_to_target_s"] for r in rows]
+            reached = [x for x in v if x is not None]
+            ttt[name] = [min(reached) if reached else None,
+                         max(reached) if len(reached) == len(v) else None]
+    return {"rows": rows, "winner_as_given": winners[0], "time_to_target_range": ttt,
+            "same_winner": sum(w == winners[0] for w in winners), "cases": len(rows),
+            "speedup_range": spans, "baseline": out.get("baseline")}
+
+
+def lines(res: dict[str, Any]) -> list[str]:
+    """The verdict in words, after the table."""
+    if "skipped" in res:
+        return [f"robustness: not run: {res['skipped']}"]
+    first = res["rows"][0]
+    labels = {n: a["label"] for n, a in first["algorithms"].items()}
+    w = res["winner_as_given"]
+    head = (f"robustness: {labels.get(w, 'no algorithm')} wins ({first['winner_by']}) in "
+            f"{res['same_winner']} of {res['cases']} cases")
+    others = [f"{labels.get(r['winner'], 'none')} under {r['perturbation']}"
+              for r in res["rows"] if r["winner"] != w]
+    out = [head + (f"; otherwise {'; '.join(others)}" if others else "")]
+    base = res.get("baseline")
+    for name, (lo, hi) in res["speedup_range"].items():
+        if name != base:
+            out.append(f"  {labels[name]} vs {labels.get(base, base)}: {lo:.2f}x .. {hi:.2f}x "
+                       "throughput")
+    for name, span in res.get("time_to_target_range", {}).items():
+        text = (f"{span[0]:.3g} .. {span[1]:.3g} s" if span[1] is not None else
+                "never" if span[0] is None else f"{span[0]:.3g} s .. never")
+        out.append(f"  {labels[name]} to the target loss: {text}")
+    return out
+
+
+def print_robustness(res: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    from .report import fmt_s
+
+    if "skipped" in res:
+        for line in lines(res):
+            console.print(line, highlight=False)
+        return
+    names = list(res["rows"][0]["algorithms"])
+    labels = [res["rows"][0]["algorithms"][n]["label"] for n in names]
+    t = Table(title="robustness: the scenario under the model's known errors "
+                    "(step time, speedup vs the baseline, time to the target loss)",
+              header_style="bold", show_lines=True)
+    t.add_column("perturbation", no_wrap=True)
+    for label in labels:
+        t.add_column(label, justify="right")
+    t.add_column("winner")
+    target = "first to the target loss" in res["rows"][0]["winner_by"]
+    for r in res["rows"]:
+        cells = []
+        for n in names:
+            a = r["algorithms"][n]
+            cell = f"{fmt_s(a['step_time_s'])}\n{a['speedup']:.2f}x"
+            if target:
+                ttt = a.get("time_to_target_s")
+                cell += "\nto target " + (fmt_s(ttt) if ttt is not None else "never")
+            cells.append(cell)
+        win = r["winner"]
+        t.add_row(r["perturbation"], *cells,
+                  r["algorithms"][win]["label"] if win in r["algorithms"] else "none")
+    console.print(t)
+    for r in res["rows"][1:]:
+        console.print(f"  {r['perturbation']}: {r['why']}", highlight=False)
+    for line in lines(res):
+        console.print(line, highlight=False)

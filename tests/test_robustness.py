@@ -1,0 +1,104 @@
+"""`simfed run --robustness`: the scenario again under each of the model's known errors, with
+magnitudes read from the published validation (simfed/analysis/robustness.py)."""
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from simfed.analysis.robustness import lines, perturbations, published_error_sizes
+from simfed.calibration.published import DEFAULT_DIR
+from simfed.cli import main
+from simfed.spec import load_scenario
+
+from .conftest import SCENARIOS
+
+
+@pytest.fixture(scope="module")
+def sizes():
+    return published_error_sizes()
+
+
+def test_the_sizes_come_from_the_published_validation(sizes):
+    claims = yaml.safe_load((DEFAULT_DIR / "cases.yaml").read_text())["claims"]
+    assert sizes["compute"] == claims["worst_abs_error"]
+    # NCCL's model is faster than published nccl-tests inside a node at 1-64 MiB
+    # (docs/collectives.md: every such row over-predicted), and off by ~11% across nodes
+    assert 1.2 < sizes["nvlink"] < 1.6
+    assert 0.05 < sizes["network"] < 0.2
+
+
+def test_the_paper_scenario_gets_every_perturbation(sizes):
+    scn = load_scenario(SCENARIOS / "512gpu.yaml")
+    ps = {p.name: p for p in perturbations(scn, sizes)}
+    assert len(ps) == 8, list(ps)  # compute x2, NVLink, network x2, GPU variation, checks x2
+    slower = ps[f"compute {100 * sizes['compute']:.0f}% slower"].overrides
+    assert slower["runtime.compute.gemm_efficiency"] == pytest.approx(
+        scn.runtime.compute.gemm_efficiency / (1 + sizes["compute"]))
+    nvl = next(p for n, p in ps.items() if n.startswith("NVLink collectives"))
+    assert nvl.overrides["runtime.comm.nvlink_efficiency"] == pytest.approx(
+        scn.runtime.comm.nvlink_efficiency / sizes["nvlink"])
+    # efficiencies never pass 1 (the network's faster case is capped at the line rate)
+    for p in ps.values():
+        for key, value in p.overrides.items():
+            if key.endswith("efficiency"):
+                assert 0 < value <= 1, (p.name, key, value)
+    assert any(n.startswith("debug-check costs") for n in ps)  # the paper ran with DETAIL
+
+
+def test_one_node_without_debug_checks_gets_no_network_or_host_case(sizes):
+    scn = load_scenario(SCENARIOS / "h100-8b-float8.yaml")
+    names = [p.name for p in perturbations(scn, sizes)]
+    assert not any(n.startswith(("inter-node", "debug-check")) for n in names)
+    assert any(n.startswith("NVLink") for n in names)
+
+
+def _run(tmp_path, scenario, *args):
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["run", str(SCENARIOS / scenario), "-q", "--robustness",
+                                    "--json", str(out), *args])
+    assert res.exit_code == 0, res.output
+    return out.read_bytes(), json.loads(out.read_text())
+
+
+def test_run_robustness_json(tmp_path):
+    raw, data = _run(tmp_path, "512gpu.yaml", "-a", "fsdp", "-a", "fl_fsdp")
+    rob = data["robustness"]
+    rows = {r["perturbation"]: r for r in rob["rows"]}
+    given = rows["as given"]["algorithms"]
+    for a in data["algorithms"]:  # the first row is the scenario as given
+        assert given[a["name"]]["step_time_s"] == a["step_time_s"]
+    for name, row in rows.items():
+        for alg, v in row["algorithms"].items():
+            if name.startswith(("compute", "NVLink", "inter-node", "GPU-to-GPU")) and (
+                    "slower" in name or "variation" in name):
+                assert v["step_time_s"] >= given[alg]["step_time_s"] - 1e-12, (name, alg)
+            if "faster" in name:
+                assert v["step_time_s"] <= given[alg]["step_time_s"] + 1e-12, (name, alg)
+    # FSDP at 512 GPUs is held up by the debug checks: doubling their cost slows it
+    doubled = rows["debug-check costs doubled"]["algorithms"]["fsdp"]["step_time_s"]
+    assert doubled > 1.5 * given["fsdp"]["step_time_s"]
+    assert rob["same_winner"] == sum(r["winner"] == rob["winner_as_given"] for r in rob["rows"])
+    lo, hi = rob["speedup_range"]["fl_fsdp"]
+    assert lo <= given["fl_fsdp"]["speedup"] <= hi
+    assert _run(tmp_path, "512gpu.yaml", "-a", "fsdp", "-a", "fl_fsdp")[0] == raw  # same bytes
+
+
+def test_the_winner_is_first_to_the_target_where_there_is_one(tmp_path):
+    _, data = _run(tmp_path, "512gpu-time-to-target.yaml")
+    rob = data["robustness"]
+    first = data["convergence"]["first_to_target"]
+    label = {a["name"]: a["label"] for a in data["algorithms"]}
+    assert label[rob["winner_as_given"]] == first
+    assert all(r["winner_by"] == "first to the target loss" for r in rob["rows"])
+    for name, (lo, hi) in rob["time_to_target_range"].items():
+        given = rob["rows"][0]["algorithms"][name]["time_to_target_s"]
+        assert lo <= given <= hi
+    assert "to the target loss" in "\n".join(lines(rob))
+
+
+def test_a_cpu_scenario_is_not_perturbed_with_gpu_error_sizes(tmp_path):
+    _, data = _run(tmp_path, "tiny-time-to-target.yaml")
+    assert "constant" in data["robustness"]["skipped"]
+    assert lines(data["robustness"])[0].startswith("robustness: not run:")
