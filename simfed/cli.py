@@ -129,8 +129,11 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
         if not profile:  # how sure: the published validation's claim and envelope
             from .calibration.envelope import for_run as envelope_lines
 
-            for line in envelope_lines(scn):
+            how_sure = envelope_lines(scn)
+            for line in how_sure:
                 click.echo(line)
+            if how_sure and not robustness:
+                click.echo("  --robustness: does the winner hold under the model's known errors?")
     if profile:  # where the scenario leaves the calibration's samples (issue 18)
         from .calibration.extrapolation import for_run
 

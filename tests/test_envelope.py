@@ -61,6 +61,7 @@ def test_run_prints_it_unless_quiet():
     assert res.exit_code == 0, res.output
     assert "how sure:" in res.output
     assert "this scenario lies within their range" in res.output
+    assert "--robustness: does the winner hold" in res.output
     quiet = CliRunner().invoke(main, ["run", "scenarios/h100-1024.yaml", "-a", "fsdp", "-q",
                                       "--set", "cluster.nodes=8", "--set", "training.steps=2"])
     assert "how sure:" not in quiet.output
