@@ -12,7 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import node_block_groups, ranks_per_core
-from ..spec.bench import BenchSummary, CommRow, ComputeRow, DriftRow, LoopRow
+from ..spec.bench import (
+    MAX_NBYTES,
+    MAX_TIME_S,
+    MIN_TIME_S,
+    BenchSummary,
+    CommRow,
+    ComputeRow,
+    DriftRow,
+    LoopRow,
+)
+from ..spec.limits import MAX_WORLD
 from ..spec.schema import SpecError
 from ..spec.trace import read_trace
 from ..spec.yamlio import MAX_DATA_BYTES, read_text
@@ -110,6 +120,15 @@ class Samples:
 
     # how unevenly ranks run (cases measured in the run's layout): pooled over re-benchmarks
     POOLED = ("compute_beside", "loops", "drifts", "sources")
+
+    def measured(self) -> bool:
+        """Whether these hold any measurement (or a profiler trace's note that it has no
+        shapes: calibrate says why nothing was fitted to it)."""
+        from .profiler import NO_SHAPES
+
+        return any(getattr(self, f.name) for f in fields(self)
+                   if f.name not in ("meta", "sources")) or any(
+            str(k).startswith(NO_SHAPES) for k in self.meta)
 
     def extend(self, other: Samples) -> None:
         for f in fields(self):
@@ -337,7 +356,10 @@ def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
     """Collectives from a realrun training trace (cat comm spans with attrs.ranks)."""
     meta, spans = read_trace(path)
     out = Samples(sources=[str(path)])
-    world = int(meta.get("world_size", 0))
+    world = meta.get("world_size") or 0
+    if isinstance(world, bool) or not isinstance(world, int) or not 0 <= world <= MAX_WORLD:
+        raise SpecError(f"calibrate: {path}: meta.world_size is {world!r}; expected a whole "
+                        f"number from 1 to {MAX_WORLD:,}")
     gloo = meta.get("backend") == "gloo"
     for s in spans:
         if s.cat != "comm" or s.dur_s <= 0 or not s.nbytes:
@@ -346,6 +368,19 @@ def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
         ranks = s.attrs.get("ranks")
         if op is None or not ranks or len(ranks) < 2:
             continue
+        where = f"calibrate: {path}: rank {s.rank} step {s.step} {s.name}"
+        if not isinstance(ranks, list) or not all(
+                isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD
+                for r in ranks) or len(set(ranks)) != len(ranks):
+            raise SpecError(f"{where}: attrs.ranks {str(ranks)[:80]} is not a list of distinct "
+                            "ranks (whole numbers from 0)")
+        if world and max(ranks) >= world:
+            raise SpecError(f"{where}: attrs.ranks reaches rank {max(ranks)} of a world of "
+                            f"{world} (meta.world_size)")
+        if not MIN_TIME_S <= s.dur_s <= MAX_TIME_S or s.nbytes > MAX_NBYTES:
+            raise SpecError(f"{where}: {s.dur_s!r} s for {s.nbytes!r} B; expected a measured "
+                            f"time of {MIN_TIME_S:g} to {MAX_TIME_S:g} s and at most "
+                            f"{MAX_NBYTES:,} B")
         run_op = "all_reduce" if gloo and op == "reduce_scatter" else op
         out.comm.append(CommSample(op=op, instances=(tuple(ranks),), nbytes=int(s.nbytes),
                                    time_s=s.dur_s, world=world, gpus_per_node=gpus_per_node,
@@ -420,29 +455,41 @@ def read_inputs(paths: list[Path], gpus_per_node: int) -> Samples:
     for p in paths:
         if not p.exists():
             raise SpecError(f"calibrate: input not found: {p}")
+        one = Samples()
         if p.is_dir():
             if (p / BENCH_SUMMARY).exists():
-                out.extend(read_bench(p))
-                continue
-            traces = sorted(p.glob("trace_rank*.jsonl"))
-            profiles = sorted([*p.glob("profile_rank*.json"), *p.glob("profile_rank*.json.gz")])
-            if not traces and not profiles:
-                raise SpecError(f"calibrate: {p} holds neither {BENCH_SUMMARY} nor "
-                                "trace_rank*.jsonl nor profile_rank*.json")
-            for t in traces:
-                out.extend(read_realrun_trace(t, gpus_per_node))
-            for t in profiles:  # `realrun run --profile-steps`: torch.profiler traces' operators
-                out.extend(read_profile_ops(t))  # (collectives: from trace_rank*.jsonl)
+                one = read_bench(p)
+                what = "bench rows"
+            else:
+                traces = sorted(p.glob("trace_rank*.jsonl"))
+                profiles = sorted([*p.glob("profile_rank*.json"),
+                                   *p.glob("profile_rank*.json.gz")])
+                if not traces and not profiles:
+                    raise SpecError(f"calibrate: {p} holds neither {BENCH_SUMMARY} nor "
+                                    "trace_rank*.jsonl nor profile_rank*.json")
+                for t in traces:
+                    one.extend(read_realrun_trace(t, gpus_per_node))
+                for t in profiles:  # `realrun run --profile-steps`: torch.profiler operators
+                    one.extend(read_profile_ops(t))  # (collectives: from trace_rank*.jsonl)
+                what = ("collective spans with attrs.ranks (trace_rank*.jsonl) or operators "
+                        "(profile_rank*.json)")
         elif p.name == BENCH_SUMMARY:
-            out.extend(read_bench(p))
+            one = read_bench(p)
+            what = "bench rows"
         elif p.suffix == ".jsonl":
-            out.extend(read_realrun_trace(p, gpus_per_node))
+            one = read_realrun_trace(p, gpus_per_node)
+            what = "collective spans with attrs.ranks"
         elif p.suffix == ".json" or p.name.endswith(".json.gz"):
-            out.extend(read_chrome(p, gpus_per_node))
+            one = read_chrome(p, gpus_per_node)
+            what = "NCCL kernels or profiled operators (traceEvents)"
         elif is_nccl_tests_file(p):  # all_reduce_perf & co.'s stdout
-            out.nccl_tests.extend(read_nccl_tests(p))
-            out.sources.append(str(p))
+            one.nccl_tests.extend(read_nccl_tests(p))
+            one.sources.append(str(p))
+            what = "nccl-tests rows"
         else:
             raise SpecError(f"calibrate: {p}: expected a bench folder, a .jsonl realrun trace, "
                             "a .json (.json.gz) Chrome trace or nccl-tests output (text)")
+        if not one.measured():  # the wrong file, or one cut short: not a profile of nothing
+            raise SpecError(f"calibrate: {p}: nothing to fit in it (no {what})")
+        out.extend(one)
     return out

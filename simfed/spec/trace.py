@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -58,15 +59,24 @@ class Span:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "span") -> Span:
+        """A span read back: its times finite, its duration, rank and bytes 0 or more (a
+        SpecError naming `where` and the field otherwise)."""
         try:
-            return cls(
+            span = cls(
                 name=str(d["name"]), cat=str(d["cat"]), rank=int(d["rank"]), step=int(d["step"]),
                 start_s=float(d["start_s"]), dur_s=float(d["dur_s"]),
                 nbytes=int(d.get("nbytes", 0)), group=str(d.get("group", "")),
                 stream=str(d.get("stream", "")), attrs=dict(d.get("attrs") or {}),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # int(inf): Overflow
             raise SpecError(f"{where}: malformed span ({exc.__class__.__name__}: {exc})") from None
+        for key in ("start_s", "dur_s"):
+            if not math.isfinite(getattr(span, key)):
+                raise SpecError(f"{where}: {key} is {d[key]!r}, not a finite number of seconds")
+        for key in ("dur_s", "rank", "nbytes"):
+            if getattr(span, key) < 0:
+                raise SpecError(f"{where}: {key} is {d[key]!r}; expected 0 or more")
+        return span
 
 
 def header_line(meta: dict[str, Any]) -> str:

@@ -91,3 +91,53 @@ def test_odd_but_possible_bench_numbers_still_fit(tmp_path):
     folder = _damaged_bench(tmp_path, change)
     res = _calibrate(tmp_path, folder)
     assert res.exit_code == 0, res.output
+
+
+# ---- realrun traces (.jsonl) -----------------------------------------------------------------
+HEAD = {"schema": "simfed-trace", "version": 1, "meta": {"world_size": 4, "backend": "gloo"}}
+SPAN = {"name": "all_gather", "cat": "comm", "rank": 0, "step": 1, "start_s": 0.5,
+        "dur_s": 0.01, "nbytes": 65536, "group": "shard", "attrs": {"ranks": [0, 1]}}
+
+
+def _trace(tmp_path, head=HEAD, **change):
+    p = tmp_path / "trace_rank0.jsonl"
+    span = {**SPAN, **change}
+    p.write_text("\n".join(json.dumps(x) for x in (head, span, SPAN)) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("change, needles", [
+    # before: OverflowError int(inf) (exit 3)
+    ({"step": float("inf")}, [":2:", "malformed span"]),
+    # before: TypeError in ranks_per_core (exit 3)
+    ({"attrs": {"ranks": [0, [1]]}}, ["rank 0 step 1 all_gather", "attrs.ranks"]),
+    ({"attrs": {"ranks": [0, 9]}}, ["rank 9 of a world of 4"]),
+    ({"attrs": {"ranks": [1, 1]}}, ["distinct"]),
+    # before: residuals not finite in least_squares (exit 3); NaN: fitted
+    ({"dur_s": float("inf")}, [":2:", "dur_s", "inf"]),
+    ({"dur_s": float("nan")}, [":2:", "dur_s", "nan"]),
+    ({"dur_s": -1.0}, [":2:", "dur_s", "-1.0"]),
+    ({"dur_s": 1e-300}, ["1e-300 s"]),
+    # before: covariance() of an empty Jacobian (exit 3)
+    ({"nbytes": 10**30}, ["1000000000000000000000000000000 B"]),
+])
+def test_a_damaged_trace_is_one_line_naming_the_span(tmp_path, change, needles):
+    _refused(_calibrate(tmp_path, _trace(tmp_path, **change)), "trace_rank0.jsonl", *needles)
+
+
+def test_a_trace_with_a_bad_world_size_is_refused(tmp_path):
+    head = {**HEAD, "meta": {"world_size": "four"}}
+    _refused(_calibrate(tmp_path, _trace(tmp_path, head=head)), "meta.world_size", "'four'")
+
+
+@pytest.mark.parametrize("name, body", [
+    ("t.json", "{}"), ("t.json", "[1, 2, 3]"), ("t.json", '{"traceEvents": []}'),
+    ("t.jsonl", json.dumps(HEAD) + "\n"),
+    ("bench-summary.json", '{"meta": {}}'),
+])
+def test_an_input_with_nothing_to_fit_is_refused(tmp_path, name, body):
+    """Before: exit 0 and a profile that is the scenario's own, fitted to nothing."""
+    p = tmp_path / name
+    p.write_text(body)
+    _refused(_calibrate(tmp_path, p), str(p), "nothing to fit")
+    assert not (tmp_path / "p.yaml").exists()
