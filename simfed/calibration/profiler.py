@@ -263,9 +263,13 @@ class _Node:
             p = p.parent
 
     def subtree(self):
-        yield self
-        for c in self.children:
-            yield from c.subtree()
+        """This node, then its descendants depth first (without recursion: operators of one
+        span nest one inside the other, and a thread may hold thousands of them)."""
+        todo = [self]
+        while todo:
+            n = todo.pop()
+            yield n
+            todo.extend(reversed(n.children))
 
 
 def _forest(ops: list[dict[str, Any]]) -> list[_Node]:
@@ -357,9 +361,32 @@ def _attention_flops(name: str, args: dict[str, Any]) -> float:
     return 4.0 * b * h * tq * tk * dh * (2.5 if backward else 1.0)
 
 
+MAX_TS_US = 1e17  # a timestamp in microseconds (since the epoch: about 1.7e15 in 2024)
+MAX_DUR_US = 1e13  # 10^7 s, as simfed.spec.limits
+
+
+def check_times(events: list[dict[str, Any]], source: str) -> None:
+    """Every complete ("X") event's ts and dur are numbers of microseconds: ts finite, dur 0
+    or 1 ns (0.001) up to 10^7 s; a SpecError naming the event otherwise."""
+    for i, e in enumerate(events):
+        if e.get("ph") != "X":
+            continue
+        ts, dur = e.get("ts", 0), e.get("dur", 0)
+        try:
+            t, d = float(ts), float(dur)
+        except (TypeError, ValueError, OverflowError):
+            t = d = math.nan
+        if not (abs(t) <= MAX_TS_US and (d == 0 or 1e-3 <= d <= MAX_DUR_US)):
+            raise SpecError(f"calibrate: {source}: malformed input: event {i} "
+                            f"({str(e.get('name', ''))[:40]!r}, cat {e.get('cat')!r}): ts "
+                            f"{ts!r}, dur {dur!r}; expected "
+                            f"microseconds, ts finite and dur 0 or 0.001 to {MAX_DUR_US:g}")
+
+
 def op_samples(data: Any, source: str) -> list[OpSample]:
     """The per-operator samples of one torch.profiler trace (see the module's docstring)."""
     events = trace_events(data)
+    check_times(events, source)
     ops = [e for e in events if e.get("ph") == "X" and "ts" in e
            and str(e.get("cat", "")).lower() in ("cpu_op", "operator", "user_annotation")]
     kernels = [e for e in events if e.get("ph") == "X"

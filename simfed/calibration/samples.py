@@ -202,7 +202,8 @@ def _malformed_is_bad_input(read):
             return read(path, *args)
         except SpecError:
             raise
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError,
+                OverflowError) as exc:  # OverflowError: int(inf)
             raise SpecError(f"calibrate: {path}: malformed input ({type(exc).__name__}: "
                             f"{str(exc)[:120]})") from None
     return wrapper
@@ -397,10 +398,18 @@ def read_chrome(path: Path, gpus_per_node: int) -> Samples:
     """NCCL kernels from a PyTorch profiler Chrome trace: args 'Collective name',
     'In msg nelems' / 'Out msg nelems', 'dtype', 'Group size', 'Process Group Ranks'; and,
     when it has shapes (record_shapes), its per-operator samples (calibration.profiler)."""
-    from .profiler import NO_SHAPES, is_profiler_trace, load_trace, op_samples, trace_events
+    from .profiler import (
+        NO_SHAPES,
+        check_times,
+        is_profiler_trace,
+        load_trace,
+        op_samples,
+        trace_events,
+    )
 
     data = load_trace(path)  # .json or .json.gz
     events = trace_events(data)
+    check_times(events, str(path))
     out = Samples(sources=[str(path)])
     if is_profiler_trace(events):
         out.ops += op_samples(data, str(path))
@@ -414,19 +423,36 @@ def read_chrome(path: Path, gpus_per_node: int) -> Samples:
         op = _OP_NAMES.get(str(a["Collective name"]).lower())
         if op is None:
             continue
+        where = f"calibrate: {path}: the NCCL kernel {str(e.get('name', op))[:40]!r} at ts " \
+                f"{e.get('ts')!r}"
         size = _DTYPE_BYTES.get(str(a.get("dtype", "float")).lower(), 4)
         n_in = int(a.get("In msg nelems", 0))
         n_out = int(a.get("Out msg nelems", n_in))
         nbytes = size * (n_out if op == "all_gather" else n_in)
+        if not 0 <= min(n_in, n_out) <= max(n_in, n_out, nbytes) <= MAX_NBYTES:
+            raise SpecError(f"{where}: In/Out msg nelems {n_in}/{n_out} ({nbytes} B); expected "
+                            f"0 to {MAX_NBYTES:,} B")
         ranks = a.get("Process Group Ranks")
         if isinstance(ranks, str):
             ranks = json.loads(ranks)
+        if ranks is not None and (not isinstance(ranks, list) or not all(
+                isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD
+                for r in ranks) or len(set(ranks)) != len(ranks)):
+            raise SpecError(f"{where}: Process Group Ranks {str(ranks)[:80]} is not a list of "
+                            "distinct ranks (whole numbers from 0)")
         p = int(a.get("Group size", len(ranks) if ranks else 0))
+        # (the ranks may be fewer: a profiler may shorten a long list; never more)
+        if (ranks and p < len(ranks)) or not 0 <= p <= MAX_WORLD:
+            raise SpecError(f"{where}: Group size {p} for Process Group Ranks "
+                            f"{str(ranks)[:80]}")
         if p < 2 or nbytes <= 0:
+            continue
+        dur = float(e["dur"])  # (0 or 1 ns to 10^7 s: profiler.check_times)
+        if dur <= 0:
             continue
         inst = tuple(ranks) if ranks else tuple(range(p))
         out.comm.append(CommSample(op=op, instances=(inst,), nbytes=nbytes,
-                                   time_s=float(e["dur"]) * 1e-6, world=max(inst) + 1,
+                                   time_s=dur * 1e-6, world=max(inst) + 1,
                                    gpus_per_node=gpus_per_node, source=str(path),
                                    label=f"{e.get('name', op)[:40]}"))
     return out

@@ -141,3 +141,46 @@ def test_an_input_with_nothing_to_fit_is_refused(tmp_path, name, body):
     p.write_text(body)
     _refused(_calibrate(tmp_path, p), str(p), "nothing to fit")
     assert not (tmp_path / "p.yaml").exists()
+
+
+# ---- PyTorch profiler Chrome traces ----------------------------------------------------------
+NCCL = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "ts": 10.0,
+        "dur": 250.0, "args": {"Collective name": "_allgather_base", "In msg nelems": 1024,
+                               "Out msg nelems": 4096, "dtype": "BFloat16", "Group size": 2,
+                               "Process Group Ranks": "[0, 1]"}}
+
+
+def _chrome(tmp_path, event):
+    p = tmp_path / "trace.json"
+    p.write_text(json.dumps({"traceEvents": [event, NCCL]}))
+    return p
+
+
+@pytest.mark.parametrize("change, needles", [
+    # before: non-finite residuals in least_squares (exit 3), or a negative time fitted
+    ({"dur": float("nan")}, ["event 0", "dur nan"]),
+    ({"dur": "NaN"}, ["event 0", "dur 'NaN'"]),
+    ({"dur": -250.0}, ["event 0", "dur -250.0"]),
+    ({"dur": 1e-300}, ["event 0", "dur 1e-300"]),
+    ({"ts": float("inf")}, ["event 0", "ts inf"]),
+    # before: OverflowError int(inf) (exit 3)
+    ({"args": {**NCCL["args"], "In msg nelems": float("inf")}}, ["malformed input"]),
+    # before: accepted silently
+    ({"args": {**NCCL["args"], "In msg nelems": -5}}, ["In/Out msg nelems -5/4096"]),
+    ({"args": {**NCCL["args"], "Process Group Ranks": "[0, 0]"}}, ["[0, 0]", "distinct"]),
+    ({"args": {**NCCL["args"], "Process Group Ranks": "[0, -1]"}}, ["[0, -1]"]),
+    ({"args": {**NCCL["args"], "Group size": 10**9}}, ["Group size 1000000000"]),
+])
+def test_a_damaged_nccl_kernel_is_one_line(tmp_path, change, needles):
+    _refused(_calibrate(tmp_path, _chrome(tmp_path, {**NCCL, **change})), "trace.json",
+             *needles)
+
+
+def test_operators_nested_deeper_than_the_recursion_limit_are_read(tmp_path):
+    """Before: RecursionError (exit 3) walking a call tree of operators with equal spans."""
+    from simfed.calibration.profiler import op_samples
+
+    ops = [{"ph": "X", "cat": "cpu_op", "name": "aten::add_", "ts": 5.0, "dur": 2.0, "pid": 1,
+            "tid": 1, "args": {"Input Dims": [[4, 4], [4, 4]], "Input type": ["float", "float"],
+                               "External id": i}} for i in range(1500)]
+    op_samples({"traceEvents": ops}, "deep.json")  # ends, without RecursionError
