@@ -39,6 +39,8 @@ MIN_BYTES = 1 << 20
 # ends inside the last interval)
 KNOTS = tuple(float(1 << (20 + 2 * k)) for k in range(8))
 C_MIN, C_MAX = 0.05, 1.2  # the curve's range (C_MAX: the 0..1.2)
+MAX_SIZE = 1 << 50  # 1 PiB: far above any buffer nccl-tests runs
+ROW_TOL = 0.05  # a table row's algbw against size / time, and busbw / algbw against the op's
 RIDGE = 1e-3  # pull of an unconstrained knot toward 1 (a sample's squared log error weighs 1)
 
 # nccl-tests binaries: all_reduce_perf, all_gather_perf, reduce_scatter_perf (also their _mpi
@@ -187,6 +189,13 @@ def read_nccl_tests(path: Path, op: str | None = None) -> list[NcclTestsRow]:
                               f"{line[:60]!r}") from None
         if not all(math.isfinite(x) and x >= 0 for x in (t_us, alg, bus)):
             raise bad(lineno, f"time {t_us}, algbw {alg}, busbw {bus}: expected finite, >= 0")
+        if size > MAX_SIZE:
+            raise bad(lineno, f"size {size} B: expected at most {MAX_SIZE:,} B")
+        # algbw is size / time (GB/s, two decimals: checked from 1 GB/s, where rounding is
+        # under 1%); a row where they disagree was damaged
+        if alg >= 1.0 and not (t_us > 0 and abs(size / (t_us * 1e3) / alg - 1) <= ROW_TOL):
+            raise bad(lineno, f"size {size} B in {t_us} us is not the algbw {alg} GB/s it "
+                              f"prints: a damaged row {line[:60]!r}")
         wrong = cur.cols.get("#wrong")
         if wrong is not None and len(toks) > wrong and toks[wrong].isdigit() \
                 and int(toks[wrong]):
@@ -221,6 +230,9 @@ def read_nccl_tests(path: Path, op: str | None = None) -> list[NcclTestsRow]:
                              f"over {ranks} ranks gives {want:.3f}: wrong collective or rank "
                              "count")
         for lineno, size, t_us, alg, bus in run.rows:
+            if alg >= 1.0 and abs(bus / alg / want - 1) > ROW_TOL:
+                raise bad(lineno, f"busbw / algbw is {bus / alg:.4g}, but {op_here} over "
+                                  f"{ranks} ranks gives {want:.3f}: a damaged row")
             out.append(NcclTestsRow(op_here, size, t_us, alg, bus, ranks, nodes, run.gpu,
                                     run.version, f"{path}:{lineno}"))
     if not out:

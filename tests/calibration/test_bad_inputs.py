@@ -184,3 +184,27 @@ def test_operators_nested_deeper_than_the_recursion_limit_are_read(tmp_path):
             "tid": 1, "args": {"Input Dims": [[4, 4], [4, 4]], "Input type": ["float", "float"],
                                "External id": i}} for i in range(1500)]
     op_samples({"traceEvents": ops}, "deep.json")  # ends, without RecursionError
+
+
+# ---- nccl-tests stdout -----------------------------------------------------------------------
+NCCL_TESTS = ROOT / "tests" / "fixtures" / "nccl_tests" / "a3mega-h100-2node-all_reduce_perf.txt"
+H100 = ROOT / "validation" / "published" / "collectives-h100.yaml"
+ROW = "   268435456      67108864     float     sum      -1   2360.9  113.70  213.19      0"
+
+
+@pytest.mark.parametrize("row, needles", [
+    # before: each was fitted silently (exit 0)
+    (ROW.replace("2360.9", "   0.0"), ["is not the algbw 113.7"]),
+    (ROW.replace("2360.9", " 1e308"), ["1e+308 us"]),
+    (ROW.replace("   268435456", "99999999999999999999"), ["99999999999999999999 B"]),
+    (ROW.replace("113.70", "  1e30"), ["algbw 1e+30"]),
+    (ROW.replace("213.19", "  1e30"), ["busbw / algbw is 8.795e+27", "1.875"]),
+])
+def test_a_damaged_nccl_tests_row_is_one_line_naming_the_line(tmp_path, row, needles):
+    text = NCCL_TESTS.read_text()
+    assert ROW.strip() in text
+    p = tmp_path / "all_reduce_perf.txt"
+    p.write_text(text.replace(ROW.strip(), row.strip()))
+    res = CliRunner().invoke(main, ["calibrate", str(p), "--scenario", str(H100), "--out",
+                                    str(tmp_path / "p.yaml")])
+    _refused(res, f"{p}:", *needles)
