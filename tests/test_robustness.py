@@ -102,3 +102,9 @@ def test_a_cpu_scenario_is_not_perturbed_with_gpu_error_sizes(tmp_path):
     _, data = _run(tmp_path, "tiny-time-to-target.yaml")
     assert "constant" in data["robustness"]["skipped"]
     assert lines(data["robustness"])[0].startswith("robustness: not run:")
+
+
+def test_one_algorithm_is_not_called_a_winner(tmp_path):
+    _, data = _run(tmp_path, "h100-8b-float8.yaml")
+    one = lines(data["robustness"])
+    assert len(one) == 1 and "alone; its step time spans" in one[0]

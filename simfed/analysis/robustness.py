@@ -181,6 +181,11 @@ def lines(res: dict[str, Any]) -> list[str]:
         return [f"robustness: not run: {res['skipped']}"]
     first = res["rows"][0]
     labels = {n: a["label"] for n, a in first["algorithms"].items()}
+    if len(labels) == 1:  # nothing to rank: how far the one algorithm moves
+        (name, label), = labels.items()
+        steps = [r["algorithms"][name]["step_time_s"] for r in res["rows"]]
+        return [f"robustness: {label} alone; its step time spans {min(steps):.4g} .. "
+                f"{max(steps):.4g} s over {res['cases']} cases"]
     w = res["winner_as_given"]
     head = (f"robustness: {labels.get(w, 'no algorithm')} wins ({first['winner_by']}) in "
             f"{res['same_winner']} of {res['cases']} cases")
