@@ -116,12 +116,17 @@ def _phases(ax, runs: list[Mapping[str, Any]]) -> None:
                    label=phase if side == "predicted" else None)
             bottom += vals
     ax.set_xticks(pos)
-    ax.set_xticklabels([_name(r, i) for i, r in enumerate(runs)], fontsize=8, rotation=20,
-                       ha="right")
+    ax.set_xticklabels([_name(r, i) for i, r in enumerate(runs)], **_tick_style(len(runs)))
     ax.set_ylabel("time per step (s)")
     ax.set_title("Phases: left bar predicted, right (hatched) measured", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(True, axis="y", alpha=0.3)
+
+
+def _tick_style(n: int) -> dict[str, Any]:
+    """Bar labels: slanted a little for a few bars, steeply and smaller for many."""
+    return ({"fontsize": 8, "rotation": 20, "ha": "right"} if n <= 8 else
+            {"fontsize": 7, "rotation": 55, "ha": "right", "rotation_mode": "anchor"})
 
 
 def _speedups(ax, items: list[Mapping[str, Any]]) -> None:
@@ -132,13 +137,15 @@ def _speedups(ax, items: list[Mapping[str, Any]]) -> None:
     ax.bar(pos - width / 2, pred, width, label="predicted", color="#3182bd")
     ax.bar(pos + width / 2, meas, width, label="measured", color="#bdbdbd", hatch="//",
            edgecolor="white")
+    many = len(items) > 8  # upright value labels would overlap their neighbours
     for i, (p, m) in enumerate(zip(pred, meas, strict=True)):
-        ax.text(i - width / 2, p, f"{p:.2f}x", ha="center", va="bottom", fontsize=7)
-        ax.text(i + width / 2, m, f"{m:.2f}x", ha="center", va="bottom", fontsize=7)
+        for x, v in ((i - width / 2, p), (i + width / 2, m)):
+            ax.text(x, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=6 if many else 7,
+                    rotation=90 if many else 0)
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1)
     ax.set_xticks(pos)
     ax.set_xticklabels([str(s.get("name") or f"#{i + 1}") for i, s in enumerate(items)],
-                       fontsize=8, rotation=20, ha="right")
+                       **_tick_style(len(items)))
     ax.set_ylabel("speedup (x)")
     ax.set_ylim(0, max(pred + meas) * 1.18)
     ax.set_title("Speedups", fontsize=10)
