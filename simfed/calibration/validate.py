@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..engine import simulate
+from ..spec.limits import MAX_WORLD
 from ..spec.loader import load_scenario
 from ..spec.scenario import REBENCH_PARTS, Scenario, ValidationShape
 from ..spec.schema import SpecError, to_plain
@@ -114,8 +115,11 @@ def _measured(run_dir: Path) -> dict[str, Any]:
     over ranks). The simulator predicts the steady state (no allocation, no warm-up)."""
     per_step: dict[tuple[str, int], list[float]] = {}
     bounds: list[dict[int, tuple[float, float]]] = []  # per rank: step -> (start, end)
-    for trace in sorted(run_dir.glob("trace_rank*.jsonl")):
-        _meta, spans = read_trace(trace)
+    traces = sorted(run_dir.glob("trace_rank*.jsonl"))
+    worlds: set[Any] = set()
+    for trace in traces:
+        meta, spans = read_trace(trace)
+        worlds.add(meta.get("world_size"))
         mine: dict[tuple[str, int], float] = {}
         bounds.append({s.step: (s.start_s, s.end_s) for s in spans if s.cat == "step"})
         for s in spans:
@@ -137,6 +141,23 @@ def _measured(run_dir: Path) -> dict[str, Any]:
     if not bounds or not all(bounds):
         raise SpecError(f"validate: {run_dir}: no step spans in its rank traces "
                         f"({len(bounds)} trace_rank*.jsonl)")
+    # every rank of the job, each through the same steps: a missing trace or one cut short (a
+    # rank that died, a copy interrupted) would leave the slowest rank out of the wall time
+    world = next(iter(worlds)) if len(worlds) == 1 else None
+    ok = isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORLD
+    names = {t.name for t in traces}
+    want = {f"trace_rank{r}.jsonl" for r in range(world)} if ok else set()
+    if worlds != {None} and (not ok or names != want):  # (None: traces that do not say)
+        odd = (f"missing {', '.join(sorted(want - names))}" if want - names
+               else f"{', '.join(sorted(names - want))} beside them")
+        raise SpecError(f"validate: {run_dir}: {len(traces)} rank traces for meta.world_size "
+                        f"{' / '.join(sorted(map(repr, worlds)))}: "
+                        + (f"{odd} (a rank that died?)" if ok else "expected one world size"))
+    last = [max(b) for b in bounds]
+    if len(set(last)) > 1:
+        short = min(range(len(last)), key=last.__getitem__)
+        raise SpecError(f"validate: {traces[short]}: its steps end at {last[short]}, the other "
+                        f"ranks' at {max(last)}: a rank that died or a trace cut short")
     times = wall_step_times(bounds)
     steady = times[WARMUP_STEPS:] if len(times) > WARMUP_STEPS else times[-1:]
     return {"step_time_s": statistics.fmean(steady), "phases_s": phases, "comm_s": comm}
@@ -304,10 +325,16 @@ def _host_drift(scenario: Path, scn: Scenario, shapes: list[_Shape]) -> float:
 def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
              reuse: bool = True, skip_runs: bool = False, draws: int = DRAWS,
              mechanisms: bool = True) -> dict[str, Any]:
+    if skip_runs and not reuse:
+        raise SpecError("validate: --measured-only reads the measurements in --out, --fresh "
+                        "re-runs them: give one of them")
     scn = load_scenario(scenario)
     splits = shape_sets(scn)
     shapes = [s for _split, s in splits]
     runner = Runner(echo)
+    if skip_runs and not out.is_dir():  # nothing to read, and nothing is to be written there
+        raise SpecError(f"validate --measured-only: {out} is not a folder of measurements "
+                        "(it does not exist)")
     out.mkdir(parents=True, exist_ok=True)
     # ---- 1. benchmarks
     bench_sets = [{}] + [dict(s) for s in scn.validation.bench_sets]
@@ -318,6 +345,9 @@ def validate(scenario: Path, out: Path, *, echo: Callable[[str], None] = print,
         if reuse and (d / "bench-summary.json").exists():
             echo(f"bench {i}: reusing {d}")
             continue
+        if skip_runs:  # --measured-only runs nothing (before: it launched the benchmark)
+            raise SpecError(f"validate --measured-only: no bench summary for bench set {i} "
+                            f"({sets or 'scenario as is'}) at {d / 'bench-summary.json'}")
         echo(f"bench {i}: {sets or 'scenario as is'}")
         skip = sets.pop("skip", "")  # parts of `realrun bench` this set leaves out
         runner.realrun(["bench", str(scenario), "--testbed", "--out", str(d), *_fmt_sets(sets),

@@ -208,3 +208,60 @@ def test_a_damaged_nccl_tests_row_is_one_line_naming_the_line(tmp_path, row, nee
     res = CliRunner().invoke(main, ["calibrate", str(p), "--scenario", str(H100), "--out",
                                     str(tmp_path / "p.yaml")])
     _refused(res, f"{p}:", *needles)
+
+
+# ---- validate --measured-only on a damaged folder --------------------------------------------
+def _validate(tmp_path, out, *extra):
+    scn = tmp_path / "scn.yaml"
+    scn.write_text(f"include: {TINY}\nvalidation:\n  repeats: 3\n  shapes: [{{name: base, "
+                   "set: {}, algorithms: [fsdp, fl_fsdp]}]\n")
+    res = CliRunner().invoke(main, ["validate", str(scn), "--measured-only", "--out", str(out),
+                                    "--draws", "0", *extra])
+    assert "Traceback" not in res.output and "internal error" not in res.output, res.output
+    return res
+
+
+def test_measured_only_never_launches_a_benchmark(tmp_path, monkeypatch):
+    """Before: a folder without a bench summary (missing, empty, or its bench deleted) made
+    `validate --measured-only` launch `realrun bench --testbed` (minutes, network namespaces)."""
+    import simfed.calibration.validate as v
+
+    def launched(*a, **k):
+        raise AssertionError("launched a benchmark")
+
+    monkeypatch.setattr(v.Runner, "realrun", launched)
+    _refused(_validate(tmp_path, tmp_path / "missing"), "does not exist")
+    assert not (tmp_path / "missing").exists()
+    (tmp_path / "empty").mkdir()
+    _refused(_validate(tmp_path, tmp_path / "empty"), "no bench summary for bench set 0",
+             "bench-summary.json")
+    _refused(_validate(tmp_path, tmp_path / "empty", "--fresh"), "--measured-only", "--fresh")
+
+
+def _measured_folder(tmp_path):
+    from .test_validate import _launches
+
+    out = tmp_path / "out"
+    _bench(out / "bench" / "set0", 10.0)
+    _launches(out)
+    for t in (out / "runs").rglob("trace_rank*.jsonl"):  # as realrun writes: the world size
+        lines = t.read_text().splitlines()
+        head = json.loads(lines[0])
+        head["meta"]["world_size"] = 2
+        t.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    return out
+
+
+def test_a_missing_or_cut_short_rank_trace_is_refused(tmp_path):
+    """Before: the job's wall time per step was taken from the ranks left (exit 0)."""
+    out = _measured_folder(tmp_path)
+    res = _validate(tmp_path, out)
+    assert res.exit_code == 0, res.output
+    run = out / "runs" / "base" / "rep1" / "fsdp"
+    lines = (run / "trace_rank1.jsonl").read_text().splitlines()
+    (run / "trace_rank1.jsonl").write_text("\n".join(
+        ln for ln in lines if '"step":3' not in ln) + "\n")  # the rank's last step is gone
+    _refused(_validate(tmp_path, out), "trace_rank1.jsonl", "its steps end at 2",
+             "the other ranks' at 3")
+    (run / "trace_rank1.jsonl").unlink()
+    _refused(_validate(tmp_path, out), str(run), "missing trace_rank1.jsonl")
