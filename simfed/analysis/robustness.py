@@ -134,7 +134,9 @@ def _row(name: str, why: str, out: dict[str, Any]) -> dict[str, Any]:
     return {"perturbation": name, "why": why, "winner": winner, "winner_by": by,
             "algorithms": {a["name"]: {"label": a["label"], "step_time_s": a["step_time_s"],
                                        "speedup": a["speedup"],
-                                       "time_to_target_s": a.get("time_to_target_s")}
+                                       "time_to_target_s": a.get("time_to_target_s"),
+                                       "time_to_target_interval_s":
+                                           a.get("time_to_target_interval_s")}
                            for a in out["algorithms"]}}
 
 
@@ -201,6 +203,16 @@ def lines(res: dict[str, Any]) -> list[str]:
         text = (f"{span[0]:.3g} .. {span[1]:.3g} s" if span[1] is not None else
                 "never" if span[0] is None else f"{span[0]:.3g} s .. never")
         out.append(f"  {labels[name]} to the target loss: {text}")
+    # the convergence profile's own [p10, p90] (as given): does another algorithm's band reach
+    # under the winner's? Then the convergence model, not the throughput, decides
+    bands = {n: a.get("time_to_target_interval_s") for n, a in first["algorithms"].items()}
+    if res.get("time_to_target_range") and w in bands and bands[w]:
+        close = [labels[n] for n, b in bands.items()
+                 if n != w and b and b[0] is not None and b[0] <= bands[w][1]]
+        if close:
+            out.append(f"  the convergence band of {', '.join(close)} overlaps "
+                       f"{labels[w]}'s ([p10, p90] as given): which is first rests on the "
+                       "convergence profile, not on these errors")
     return out
 
 
@@ -211,7 +223,7 @@ def print_robustness(res: dict[str, Any], console: Any) -> None:
 
     if "skipped" in res:
         for line in lines(res):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, markup=False)
         return
     names = list(res["rows"][0]["algorithms"])
     labels = [res["rows"][0]["algorithms"][n]["label"] for n in names]
@@ -237,6 +249,6 @@ def print_robustness(res: dict[str, Any], console: Any) -> None:
                   r["algorithms"][win]["label"] if win in r["algorithms"] else "none")
     console.print(t)
     for r in res["rows"][1:]:
-        console.print(f"  {r['perturbation']}: {r['why']}", highlight=False)
+        console.print(f"  {r['perturbation']}: {r['why']}", highlight=False, markup=False)
     for line in lines(res):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
