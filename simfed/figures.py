@@ -260,16 +260,28 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
     results_dir = Path(results_dir)
     validate = results_dir / "validate.json"
     if "validation" in todo and validate.exists():
-        import json
+        from .plots.cli import _read_json
 
-        m.save(plot_validation(json.loads(validate.read_text(encoding="utf-8"))),
-               "validate_predicted_vs_measured")
+        data = _read_json(str(validate))  # as `simfed plot validation` reads it
+        if not isinstance(data, dict):
+            raise SpecError(f"{validate}: expected simfed validate JSON (runs, speedups)")
+        try:
+            fig = plot_validation(data)
+        except ValueError as exc:  # nothing in it to compare
+            raise SpecError(f"{validate}: {exc}") from None
+        m.save(fig, "validate_predicted_vs_measured")
     elif "validation" in todo:
         echo(f"note: {validate} not found: skipping predicted-vs-measured "
              "(run simfed validate --json first)")
     summaries = sorted((results_dir / "realrun").glob("*/summary.json"))
     if "perplexity" in todo and summaries:
-        m.save(plot_perplexity(load_summaries(summaries)), "realrun_perplexity_vs_time")
+        try:
+            fig = plot_perplexity(load_summaries(summaries))
+        except ValueError as exc:  # no summary with a series to draw
+            if isinstance(exc, SpecError):
+                raise
+            raise SpecError(f"{results_dir / 'realrun'}/*/summary.json: {exc}") from None
+        m.save(fig, "realrun_perplexity_vs_time")
     elif "perplexity" in todo:
         echo(f"note: no {results_dir / 'realrun'}/*/summary.json: skipping perplexity-vs-time "
              "(run realrun run first)")

@@ -22,6 +22,8 @@ def _read_json(path: str) -> Any:
         raise SpecError(f"file not found: {path}") from None
     except json.JSONDecodeError:
         raise SpecError(f"{path}: not JSON") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _rows(inputs: tuple[str, ...], where: tuple[str, ...]) -> list[dict[str, Any]]:

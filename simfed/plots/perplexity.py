@@ -26,13 +26,36 @@ def load_summaries(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
             data = json.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise SpecError(f"file not found: {p}") from None
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise SpecError(f"{p}: not JSON (expected a realrun summary.json)") from None
         if not isinstance(data, dict):
             raise SpecError(f"{p}: expected a JSON object (a realrun summary.json)")
+        _check_series(data, p)
         data.setdefault("_path", str(p))
         out.append(data)
     return out
+
+
+MAX_STEP_S = 1e7  # as simfed.spec.limits: a time in seconds is at most 10^7 s
+
+
+def _check_series(data: Mapping[str, Any], p: Path) -> None:
+    """The per-step lists the plot draws are lists of numbers (a SpecError naming the file, key
+    and item otherwise): step times finite, 0 to 10^7 s; losses and perplexities may be NaN or
+    infinite (a run that diverged writes them so: matplotlib leaves those points out)."""
+    for key in ("step_times_s", "train_perplexity", "train_loss"):
+        v = data.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, list):
+            raise SpecError(f"{p}: {key}: expected a list of numbers (one per step), got "
+                            f"{str(v)[:60]!r}")
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or (
+                    key == "step_times_s" and not 0 <= x <= MAX_STEP_S):
+                want = (f"a step time of 0 to {MAX_STEP_S:g} s" if key == "step_times_s"
+                        else "a number")
+                raise SpecError(f"{p}: {key}[{i}]: expected {want}, got {str(x)[:60]!r}")
 
 
 def _label(s: Mapping[str, Any], i: int) -> str:

@@ -67,3 +67,34 @@ def test_missing_inputs_are_skipped_with_a_note(tmp_path):
     assert [p.name for p in (tmp_path / "fig").iterdir()] == ["tiny2x2_phases.png"]
     res = CliRunner().invoke(main, ["figures", "--scenario", str(tmp_path / "nope.yaml")])
     assert res.exit_code == 2 and "error: scenario not found" in res.output
+
+
+def _figures(results, out, only):
+    res = CliRunner().invoke(main, ["figures", "--scenario", str(TINY), "--out", str(out),
+                                    "--results", str(results), "--only", only, "-q"])
+    assert "Traceback" not in res.output and "internal error" not in res.output, res.output
+    return res
+
+
+def test_a_damaged_validate_json_or_summary_is_one_line(tmp_path):
+    """Before: an empty, truncated or binary validate.json was a JSONDecodeError or
+    UnicodeDecodeError, a JSON list an AttributeError, {} a ValueError ("nothing to compare"), a
+    summary without series a ValueError: all internal errors (exit 3)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    for body, needle in (("", "not JSON"), ('{"runs": [', "not JSON"), ("[1]", "expected"),
+                         ("{}", "nothing to compare"), (b"\xff\xfe\x00", "not UTF-8")):
+        p = results / "validate.json"
+        p.write_bytes(body if isinstance(body, bytes) else body.encode())
+        res = _figures(results, tmp_path / "fig", "validation")
+        assert res.exit_code == 2, res.output
+        assert res.output.startswith(f"error: {p}: ") and needle in res.output, res.output
+    s = results / "realrun" / "a" / "summary.json"
+    s.parent.mkdir(parents=True)
+    for body, needle in (("{}", "no summary has step_times_s"),
+                         (json.dumps({"step_times_s": 1.5, "train_loss": [2.0]}),
+                          "step_times_s: expected a list")):
+        s.write_text(body)
+        res = _figures(results, tmp_path / "fig", "perplexity")
+        assert res.exit_code == 2 and needle in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1, res.output

@@ -299,3 +299,37 @@ def test_gantt_of_realrun_traces():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["comm: FedAvg", "comm: shard",
                                                            "phase"]
     assert ax.get_title(loc="left") == "FL+FSDP: step 1 of rank 0 takes 1.00 s"
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    # before: TypeError len() of a float / float() of a list (exit 3)
+    ("step_times_s", 1.5, "step_times_s: expected a list"),
+    ("step_times_s", [[1.0], 2.0, 3.0], "step_times_s[0]"),
+    ("train_perplexity", 7.0, "train_perplexity: expected a list"),
+    # before: drawn silently
+    ("step_times_s", [1.0, float("nan"), 1.0], "step_times_s[1]"),
+    ("step_times_s", [1.0, -2.0, 1.0], "step_times_s[1]"),
+    ("train_loss", [6.0, "a", 3.0], "train_loss[1]"),
+])
+def test_a_damaged_summary_is_one_line(tmp_path, key, value, needle):
+    from click.testing import CliRunner
+
+    from simfed.cli import main
+
+    p = tmp_path / "summary.json"
+    p.write_text(json.dumps({**summary("fsdp", 1.0, [6.0, 4.0, 3.0]), key: value}))
+    res = CliRunner().invoke(main, ["plot", "perplexity", str(p), "-o",
+                                    str(tmp_path / "o.png")])
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(f"error: {p}: {needle}"), res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_a_diverged_run_still_plots(tmp_path):
+    """NaN and infinite losses are what a run that diverged writes: drawn, not refused."""
+    p = tmp_path / "summary.json"
+    s = summary("fsdp", 1.0, [6.0, float("nan"), float("inf")])
+    p.write_text(json.dumps(s))
+    from simfed.plots import load_summaries
+
+    check_saved(plot_perplexity(load_summaries([p])), tmp_path)
