@@ -406,14 +406,17 @@ def collective(scenario: str, op: str, nodes: int | None, gpus_per_node: int | N
                             "to 1 PiB")
         return n
 
+    lo, hi = nbytes(min_bytes), nbytes(max_bytes)
+    if lo > hi:  # before: an empty table, exit 0
+        raise SpecError(f"--min-bytes {min_bytes} ({lo:,} B) is above --max-bytes {max_bytes} "
+                        f"({hi:,} B)")
     scn = load_scenario(scenario, parse_sets(sets), profile=profile)
     n_nodes = nodes or scn.cluster.nodes
     q = gpus_per_node or scn.cluster.node.gpus
     if n_nodes > scn.cluster.nodes or q > scn.cluster.node.gpus or n_nodes < 1 or q < 1:
         raise SpecError(f"collective: {n_nodes} nodes x {q} GPUs does not fit the cluster's "
                         f"{scn.cluster.nodes} x {scn.cluster.node.gpus}")
-    rows = collective_table(scn, op, n_nodes * q, n_nodes, sizes(nbytes(min_bytes),
-                                                                   nbytes(max_bytes)))
+    rows = collective_table(scn, op, n_nodes * q, n_nodes, sizes(lo, hi))
     click.echo(f"# {op} over {n_nodes * q} GPUs ({n_nodes} nodes x {q}), NCCL "
                f"{scn.runtime.comm.nccl_version} model, {scn.cluster.name}")
     click.echo(f"#{'size':>14} {'time':>10} {'algbw':>8} {'busbw':>8}  algorithm")

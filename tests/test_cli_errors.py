@@ -86,3 +86,18 @@ def test_a_sweep_name_is_a_name_not_a_path(tmp_path):
                      "  vary: {training.steps: [2, 3]}\n")
     _one_line_error(_run("sweep", str(sweep), "--out", str(tmp_path / "o")), "sweep.name")
     assert not (tmp_path / "escape.csv").exists()
+
+
+def test_collective_min_bytes_above_max_bytes_is_refused():
+    """Before: an empty table, exit 0."""
+    _one_line_error(_run("collective", CPU4, "--min-bytes", "8G", "--max-bytes", "1M"),
+                    "--min-bytes 8G", "above --max-bytes 1M")
+
+
+@pytest.mark.parametrize("axis", ["cluster.nodes=nan:4", "cluster.nodes=1:inf:x2",
+                                  "cluster.nodes=1:4:nan", "cluster.nodes=1:1e400"])
+def test_a_sweep_range_bound_that_is_not_finite_is_refused(tmp_path, axis):
+    """Before: ValueError int(nan) / OverflowError (exit 3)."""
+    _one_line_error(_run("sweep", CPU4, "-q", "-j", "1", "--out", str(tmp_path), "--vary",
+                         axis), "is not a finite number")
+    assert not list(tmp_path.iterdir())

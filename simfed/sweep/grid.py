@@ -67,9 +67,12 @@ def _number(text: str) -> int | float:
     except ValueError:
         pass
     try:
-        return float(text)
+        x = float(text)
     except ValueError:
         raise SpecError(f"range bound {text!r} is not a number") from None
+    if not math.isfinite(x):  # before: ValueError int(nan) / OverflowError (exit 3)
+        raise SpecError(f"range bound {text!r} is not a finite number")
+    return x
 
 
 def _tidy(x: float) -> int | float:
