@@ -16,6 +16,7 @@ trace headers) and the hung rank is named as the one the others waited for.
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import re
@@ -69,7 +70,11 @@ def validate(req: RunRequest) -> tuple[int, bool]:
         if not sc.data.path:
             raise RealrunError(f"data.path: required for data.source {sc.data.source}")
         resolve_data_path(sc.data.path, Path(req.scenario))
-    parse_window(req.profile_steps)
+    window = parse_window(req.profile_steps)
+    steps = sc.training.steps
+    if window is not None and window[1] > steps:  # before: accepted, fewer steps profiled
+        raise RealrunError(f"--profile-steps {req.profile_steps}: the run has {steps} steps "
+                           f"(0..{steps - 1})")
     world = sc.cluster.world
     nproc = world if req.nproc is None else req.nproc
     if nproc != world:
@@ -78,10 +83,16 @@ def validate(req: RunRequest) -> tuple[int, bool]:
             f"nodes x {sc.cluster.node.gpus} = {world} ranks (one process per rank on this host;"
             " several hosts: launch torchrun -m realrun.train on each)"
         )
-    if req.kill_rank >= world:
+    if req.kill_rank >= world or req.kill_rank < -1:  # (-1: no fault injected)
         raise RealrunError(f"--kill-rank {req.kill_rank}: ranks are 0..{world - 1}")
-    if req.timeout_s <= 0:
-        raise RealrunError(f"--timeout-s {req.timeout_s}: must be > 0")
+    # before: a fault asked for but never injected (no rank, or a step the run never reaches)
+    if req.kill_at_step >= 0 and req.kill_rank < 0:
+        raise RealrunError(f"--kill-at-step {req.kill_at_step}: give --kill-rank too")
+    if req.kill_rank >= 0 and req.kill_at_step >= steps:
+        raise RealrunError(f"--kill-at-step {req.kill_at_step}: the run has {steps} steps "
+                           f"(0..{steps - 1})")
+    if not math.isfinite(req.timeout_s) or req.timeout_s <= 0:  # nan: a rank's int(nan)
+        raise RealrunError(f"--timeout-s {req.timeout_s}: must be a finite number > 0")
     return nproc, sc.runtime.host.debug_checks == "detail"
 
 

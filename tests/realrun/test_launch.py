@@ -54,6 +54,15 @@ def test_help_lists_run_bench_and_testbed():
     (["--algorithm", "fsdp", "--set", "data.source=tokens", "--set", "data.path=nope.npy"],
      "data.path: file not found: nope.npy"),
     (["--algorithm", "fsdp", "--profile-steps", "3:1"], "--profile-steps '3:1': expected A:B"),
+    # before: a rank's int(nan) once 4 processes were up (exit 4)
+    (["--algorithm", "fsdp", "--timeout-s", "nan"], "--timeout-s nan: must be a finite"),
+    # before: accepted, and the fault or the profile asked for never came (a full run, exit 0)
+    (["--algorithm", "fsdp", "--profile-steps", "0:999"],
+     "--profile-steps 0:999: the run has 24 steps"),
+    (["--algorithm", "fsdp", "--kill-rank", "-2"], "--kill-rank -2: ranks are 0..3"),
+    (["--algorithm", "fsdp", "--kill-rank", "0", "--kill-at-step", "999"],
+     "--kill-at-step 999: the run has 24 steps"),
+    (["--algorithm", "fsdp", "--kill-at-step", "1"], "--kill-at-step 1: give --kill-rank"),
 ])
 def test_run_rejects_bad_input_in_one_line(tmp_path, args, expected):
     res = _cli("run", CPU4, "--out", str(tmp_path / "o"), *args)
