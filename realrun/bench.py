@@ -19,6 +19,7 @@ simfed.spec.bench's.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -178,8 +179,13 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
                                ("rounds", rounds, 1)):
         if value < least:
             raise BenchError(f"--{name}: must be >= {least}, got {value}")
-    if case_budget_s < 0:
-        raise BenchError(f"--case-budget-s: must be >= 0, got {case_budget_s:g}")
+    if not math.isfinite(case_budget_s) or case_budget_s < 0:  # nan: before, accepted
+        raise BenchError(f"--case-budget-s: must be a finite number >= 0, got {case_budget_s:g}")
+    # before: nan ran with no time limit at all, -1 launched the ranks and then "timed out"
+    if not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise BenchError(f"--timeout-s: must be a finite number > 0, got {timeout_s:g}")
+    if rate_Gbps is not None and not (math.isfinite(rate_Gbps) and rate_Gbps > 0):
+        raise BenchError(f"--rate-Gbps: must be a finite rate > 0, got {rate_Gbps:g}")
     skipped = parse_names(skip, PARTS, "skip").split(",") if skip.strip() else []
     scn = _scenario(scenario, sets)
     hidden, ffn = (scn.model.hidden, scn.model.ffn_hidden) if scn else (256, 1024)

@@ -83,6 +83,11 @@ def _one_line_error(result) -> str:
     (["--iters", "0"], "--iters: must be >= 1, got 0"),
     (["--testbed"], "no testbed 'tnone' is up; give a SCENARIO"),
     (["--rate-Gbps", "1"], "--rate-Gbps applies to the testbed; add --testbed"),
+    # before: nan ran the bench with no time limit, -1 launched the ranks then "timed out"
+    (["--timeout-s", "nan"], "--timeout-s: must be a finite number > 0, got nan"),
+    (["--timeout-s", "-1"], "--timeout-s: must be a finite number > 0, got -1"),
+    (["--case-budget-s", "nan"], "--case-budget-s: must be a finite number >= 0, got nan"),
+    (["--testbed", "--rate-Gbps", "-1"], "--rate-Gbps: must be a finite rate > 0, got -1"),
 ])
 def test_bad_input_is_one_line_and_runs_nothing(tmp_path, args, expected):
     out = tmp_path / "out"
