@@ -122,4 +122,24 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None,
                   profile: str | Path | None = None) -> Scenario:
     """Parse and validate a scenario file (optionally with a calibrated profile merged over it).
     Raises SpecError with a one-line message."""
-    return scenario_from_dict(load_scenario_data(path, overrides, profile), where=str(path))
+    data = load_scenario_data(path, overrides, profile)
+    try:
+        return scenario_from_dict(data, where=str(path))
+    except SpecError as exc:
+        if profile is None:
+            raise
+        # a bad value the profile brought (and no --set replaced): name the profile's file
+        key = str(exc).split(":", 1)[0]
+        if key in _dotted_keys(load_profile(profile)) and key not in (overrides or {}):
+            raise SpecError(f"{profile}: {exc}") from None
+        raise
+
+
+def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        out.add(key)
+        if isinstance(v, Mapping):
+            out |= _dotted_keys(v, key + ".")
+    return out

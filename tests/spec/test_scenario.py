@@ -74,3 +74,16 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("a: [1, 2\n")
     with pytest.raises(SpecError, match="invalid YAML"):
         load_scenario(bad)
+
+
+def test_a_bad_value_from_a_profile_names_the_profile(tmp_path):
+    from simfed.spec import load_scenario
+    from simfed.spec.schema import SpecError
+
+    prof = tmp_path / "p.yaml"
+    prof.write_text("runtime:\n  comm:\n    launch_us: -5\n")
+    with pytest.raises(SpecError, match=rf"^{prof}: runtime\.comm\.launch_us: must be >= 0"):
+        load_scenario("scenarios/h100-1024.yaml", profile=prof)
+    # a --set that replaces it is the user's value: no profile named
+    with pytest.raises(SpecError, match=r"^runtime\.comm\.launch_us: must be >= 0, got -3"):
+        load_scenario("scenarios/h100-1024.yaml", {"runtime.comm.launch_us": -3}, profile=prof)
