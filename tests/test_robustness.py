@@ -114,3 +114,19 @@ def test_one_algorithm_is_not_called_a_winner(tmp_path):
     _, data = _run(tmp_path, "h100-8b-float8.yaml")
     one = lines(data["robustness"])
     assert len(one) == 1 and "alone; its step time spans" in one[0]
+
+
+def test_the_report_says_when_the_first_to_target_is_not_settled():
+    from simfed.analysis.report import convergence_lines
+
+    def alg(label, band):
+        return {"label": label, "time_to_target_interval_s": band}
+
+    out = {"convergence": {"target_loss": 3.0, "target_perplexity": 20.1, "extrapolation": [],
+                           "first_to_target": "HSDP"},
+           "algorithms": [alg("HSDP", [44.6, 49.9]), alg("FL+FSDP", [49.1, 49.1]),
+                          alg("FSDP", [106.0, 118.0]), alg("FL+HSDP", [None, None])]}
+    line = convergence_lines(out)[0]
+    assert line.endswith("HSDP reaches it first; FL+FSDP within its p10-p90 band (not settled)")
+    out["algorithms"][1] = alg("FL+FSDP", [50.5, 52.0])
+    assert convergence_lines(out)[0].endswith("HSDP reaches it first")

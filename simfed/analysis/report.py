@@ -95,6 +95,20 @@ def _time_band(a: dict[str, Any]) -> str:
             f"{fmt_s(hi) if hi is not None else 'not reached'}]")
 
 
+def _close_to(out: dict[str, Any], first: str | None) -> str:
+    """The algorithms whose [p10, p90] time to target starts inside the first one's band:
+    which of them gets there first is not settled by the convergence profile."""
+    algs = {a["label"]: a for a in out["algorithms"]}
+    if first not in algs or not algs[first].get("time_to_target_interval_s"):
+        return ""
+    hi = algs[first]["time_to_target_interval_s"][1]
+    hi = math.inf if hi is None else hi
+    close = [label for label, a in algs.items() if label != first
+             and (a.get("time_to_target_interval_s") or [None])[0] is not None
+             and a["time_to_target_interval_s"][0] <= hi]
+    return (f"; {', '.join(close)} within its p10-p90 band (not settled)" if close else "")
+
+
 def convergence_lines(out: dict[str, Any]) -> list[str]:
     """Which algorithm reaches the target first, and every extrapolation of the profile."""
     conv = out.get("convergence")
@@ -105,7 +119,7 @@ def convergence_lines(out: dict[str, Any]) -> list[str]:
         first = conv["first_to_target"]
         lines.append(f"time to eval perplexity {conv['target_perplexity']:.4g}: "
                      + (f"{first} reaches it first" if first else "no algorithm reaches it "
-                        "within the run's steps"))
+                        "within the run's steps") + _close_to(out, first))
     for e in conv["extrapolation"]:
         lines.append(f"convergence EXTRAPOLATION: {e}")
     return lines
