@@ -250,6 +250,11 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
                         "whose cluster was measured)")
     scn = load_scenario(scenario)
     samples = read_inputs(list(inputs), scn.cluster.node.gpus)
+    from .calibration.samples import device_note
+
+    note = device_note(samples, scn.cluster.node.gpu.name)
+    if note:
+        click.echo(note)
     profile, rep = fit(scn, samples)
     write_profile(out, profile, header=f"simfed calibrate for {scn.name} from "
                   + ", ".join(str(i) for i in inputs))

@@ -233,6 +233,7 @@ def read_bench(path: Path) -> Samples:
         "all_reduce" if "allreduce" in str(impl.get("reduce_scatter", "")) else "reduce_scatter")
     out.meta["overlap_compute"] = not str(meta.get("overlap", "")).startswith("none")
     out.meta["backend"] = meta.get("backend", "")
+    out.meta["device"] = str(meta.get("device") or "")
     # a testbed's ranks share the host's cores: each node's pinned to `cores` of `host_cores`
     # (unpinned, off the testbed: all ranks share all of the host's cores)
     cores = int(meta.get("cores") or 0) if meta.get("network") == "testbed" else 0
@@ -362,6 +363,7 @@ def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
         raise SpecError(f"calibrate: {path}: meta.world_size is {world!r}; expected a whole "
                         f"number from 1 to {MAX_WORLD:,}")
     gloo = meta.get("backend") == "gloo"
+    out.meta["device"] = str(meta.get("device") or "")
     for s in spans:
         if s.cat != "comm" or s.dur_s <= 0 or not s.nbytes:
             continue
@@ -470,6 +472,22 @@ def read_profile_ops(path: Path) -> Samples:
     else:
         out.meta[NO_SHAPES + str(path)] = True  # profiled without record_shapes
     return out
+
+
+def device_note(samples: Samples, gpu_name: str) -> str | None:
+    """A note when realrun measured CPU ranks for a cluster of GPUs or the other way round
+    (the cluster's `gpu.name` for CPU ranks starts with "cpu", as scenarios/clusters/cpu4.yaml):
+    a CPU benchmark's efficiencies and latencies do not describe GPUs."""
+    device = str(samples.meta.get("device") or "")
+    cpu_cluster = gpu_name.lower().startswith("cpu")
+    if device == "cpu" and not cpu_cluster:
+        return (f"note: the measurements ran on CPU ranks ({samples.meta.get('backend') or 'gloo'})"
+                f" but the scenario's cluster has {gpu_name} GPUs: the profile describes those "
+                "CPU ranks, not the GPUs")
+    if device.startswith("cuda") and cpu_cluster:
+        return (f"note: the measurements ran on GPUs ({device}) but the scenario's cluster is of "
+                f"CPU ranks ({gpu_name}): the profile describes the GPUs")
+    return None
 
 
 def read_inputs(paths: list[Path], gpus_per_node: int) -> Samples:

@@ -265,3 +265,15 @@ def test_a_missing_or_cut_short_rank_trace_is_refused(tmp_path):
              "the other ranks' at 3")
     (run / "trace_rank1.jsonl").unlink()
     _refused(_validate(tmp_path, out), str(run), "missing trace_rank1.jsonl")
+
+
+def test_a_cpu_benchmark_for_a_gpu_cluster_is_noted():
+    from simfed.calibration.samples import Samples, device_note
+
+    cpu = Samples(meta={"device": "cpu", "backend": "gloo"})
+    assert "CPU ranks (gloo)" in device_note(cpu, "A100-SXM-64GB")
+    assert device_note(cpu, "cpu-rank") is None
+    gpu = Samples(meta={"device": "cuda:0", "backend": "nccl"})
+    assert "ran on GPUs" in device_note(gpu, "cpu-rank")
+    assert device_note(gpu, "H100-SXM") is None
+    assert device_note(Samples(), "H100-SXM") is None  # nccl-tests, profiler: no device said
