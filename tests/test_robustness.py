@@ -130,3 +130,15 @@ def test_the_report_says_when_the_first_to_target_is_not_settled():
     assert line.endswith("HSDP reaches it first; FL+FSDP within its p10-p90 band (not settled)")
     out["algorithms"][1] = alg("FL+FSDP", [50.5, 52.0])
     assert convergence_lines(out)[0].endswith("HSDP reaches it first")
+
+
+def test_without_a_target_the_winner_is_the_highest_throughput():
+    from simfed.analysis.robustness import _winner
+
+    algs = [{"name": "fsdp", "label": "FSDP", "tokens_per_s": 1.0},
+            {"name": "fl_fsdp", "label": "FL+FSDP", "tokens_per_s": 2.0}]
+    # a convergence profile without a target still carries first_to_target: None
+    out = {"algorithms": algs, "convergence": {"target_loss": None, "first_to_target": None}}
+    assert _winner(out) == ("fl_fsdp", "highest tokens/s")
+    out["convergence"] = {"target_loss": 3.0, "first_to_target": "FSDP"}
+    assert _winner(out) == ("fsdp", "first to the target loss")

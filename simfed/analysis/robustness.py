@@ -67,24 +67,21 @@ def _scaled(value: float, factor: float) -> float:
 
 
 def perturbations(scn: Scenario, sizes: dict[str, float]) -> list[Perturbation]:
-    """The perturbations that apply to `scn`, each with its overrides (dotted keys)."""
+    """The perturbations that apply to `scn` (kernel compute model), each with its overrides
+    (dotted keys)."""
     rt = scn.runtime
     c, comm, host = rt.compute, rt.comm, rt.host
     out: list[Perturbation] = []
     w = sizes["compute"]
     src = "the kernel model's worst error on the published FSDP runs"
-    for sign, word in ((1, "slower"), (-1, "faster")):
+    for sign, word in ((1, "slower"), (-1, "faster")):  # the kernel model's efficiencies
         f = 1.0 / (1.0 + sign * w)
-        if c.model == "kernels":
-            keys = {"runtime.compute.gemm_efficiency": _scaled(c.gemm_efficiency, f),
-                    "runtime.compute.attention_efficiency_forward":
-                        _scaled(c.attention_efficiency_forward, f),
-                    "runtime.compute.attention_efficiency_backward":
-                        _scaled(c.attention_efficiency_backward, f),
-                    "runtime.compute.hbm_efficiency": _scaled(c.hbm_efficiency, f)}
-        else:
-            keys = {"runtime.compute.efficiency_forward": _scaled(c.efficiency_forward, f),
-                    "runtime.compute.efficiency_backward": _scaled(c.efficiency_backward, f)}
+        keys = {"runtime.compute.gemm_efficiency": _scaled(c.gemm_efficiency, f),
+                "runtime.compute.attention_efficiency_forward":
+                    _scaled(c.attention_efficiency_forward, f),
+                "runtime.compute.attention_efficiency_backward":
+                    _scaled(c.attention_efficiency_backward, f),
+                "runtime.compute.hbm_efficiency": _scaled(c.hbm_efficiency, f)}
         out.append(Perturbation(f"compute {100 * w:.0f}% {word}", src, keys))
     if "nvlink" in sizes and sizes["nvlink"] > 1 and scn.cluster.node.gpus > 1:
         r = sizes["nvlink"]
@@ -120,7 +117,7 @@ def perturbations(scn: Scenario, sizes: dict[str, float]) -> list[Perturbation]:
 
 def _winner(out: dict[str, Any]) -> tuple[str | None, str]:
     conv = out.get("convergence") or {}
-    if "first_to_target" in conv:  # a label, or None when no algorithm gets there
+    if conv.get("target_loss") is not None:  # first_to_target: a label, or None: none gets there
         first = conv["first_to_target"]
         name = next((a["name"] for a in out["algorithms"] if first in (a["name"], a["label"])),
                     None)
