@@ -142,3 +142,13 @@ def test_without_a_target_the_winner_is_the_highest_throughput():
     assert _winner(out) == ("fl_fsdp", "highest tokens/s")
     out["convergence"] = {"target_loss": 3.0, "first_to_target": "FSDP"}
     assert _winner(out) == ("fsdp", "first to the target loss")
+
+
+def test_without_the_published_folder_it_says_so(tmp_path):
+    from simfed.analysis.robustness import robustness
+    from simfed.engine import simulate
+
+    scn = SCENARIOS / "h100-8b-float8.yaml"
+    out, _ = simulate(load_scenario(scn))
+    res = robustness(scn, None, out, folder=tmp_path)
+    assert "is not there" in res["skipped"]

@@ -149,6 +149,9 @@ def robustness(scenario: str | Path, overrides: dict[str, Any] | None, out: dict
         return {"skipped": "the published validation's error sizes are the kernel model's on "
                            "GPU clusters; this scenario uses runtime.compute.model "
                            f"{base.runtime.compute.model}"}
+    if not (folder / "cases.yaml").is_file():
+        return {"skipped": f"the error sizes come from the published validation, and "
+                           f"{folder / 'cases.yaml'} is not there"}
     rows = [_row("as given", "", out)]
     for p in perturbations(base, published_error_sizes(folder)):
         try:
