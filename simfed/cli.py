@@ -146,7 +146,7 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
         from .analysis.robustness import robustness as robust
 
         res = robust(scenario, overrides, out, profile=profile,
-                     algorithms=list(algorithms) or None)
+                     algorithms=list(algorithms) or None, loaded=scn)
         out = {**out, "robustness": res}
         if not quiet:
             print_robustness(res, Console())

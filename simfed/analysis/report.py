@@ -95,18 +95,23 @@ def _time_band(a: dict[str, Any]) -> str:
             f"{fmt_s(hi) if hi is not None else 'not reached'}]")
 
 
-def _close_to(out: dict[str, Any], first: str | None) -> str:
-    """The algorithms whose [p10, p90] time to target starts inside the first one's band:
-    which of them gets there first is not settled by the convergence profile."""
-    algs = {a["label"]: a for a in out["algorithms"]}
+def unsettled(algorithms: list[dict[str, Any]], first: str | None) -> list[str]:
+    """The labels of the algorithms whose [p10, p90] time to target starts inside the band of
+    the first one (`first`: its label): which of them gets there first is not settled by the
+    convergence profile."""
+    algs = {a["label"]: a for a in algorithms}
     if first not in algs or not algs[first].get("time_to_target_interval_s"):
-        return ""
+        return []
     hi = algs[first]["time_to_target_interval_s"][1]
     hi = math.inf if hi is None else hi
-    close = [label for label, a in algs.items() if label != first
-             and (a.get("time_to_target_interval_s") or [None])[0] is not None
-             and a["time_to_target_interval_s"][0] <= hi]
-    return (f"; {', '.join(close)} within its p10-p90 band (not settled)" if close else "")
+    return [label for label, a in algs.items() if label != first
+            and (a.get("time_to_target_interval_s") or [None])[0] is not None
+            and a["time_to_target_interval_s"][0] <= hi]
+
+
+def _close_to(out: dict[str, Any], first: str | None) -> str:
+    close = unsettled(out["algorithms"], first)
+    return f"; {', '.join(close)} within its p10-p90 band (not settled)" if close else ""
 
 
 def convergence_lines(out: dict[str, Any]) -> list[str]:

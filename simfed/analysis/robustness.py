@@ -25,6 +25,7 @@ from typing import Any
 from ..calibration.published import DEFAULT_DIR
 from ..spec.scenario import Scenario
 from ..spec.schema import SpecError
+from .report import unsettled
 
 MID_SIZE = (1 << 20, 64 << 20)  # the sizes where NCCL's model runs ahead of nccl-tests
 GPU_VARIATION = 0.013  # sd of GPU speed at a few thousand GPUs: Sinha et al. SC22 (profiles)
@@ -41,13 +42,12 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, float]:
     """The validation's error magnitudes: `compute` the kernel model's worst |tokens/s/GPU
     error| claimed on the published runs; `nvlink` predicted / published busbw (median) of the
     one-node rows from 1 to 64 MiB; `network` the median |error| of the multi-node rows."""
-    from ..calibration import published_files
+    from ..calibration.published import load_claims
     from ..collectives.published import compare
 
-    claims = published_files.read(folder / "cases.yaml").get("claims") or {}
-    if not isinstance(claims.get("worst_abs_error"), (int, float)):
-        raise SpecError(f"{folder / 'cases.yaml'}: claims.worst_abs_error: expected a number, "
-                        f"got {claims.get('worst_abs_error')!r}")
+    claims = load_claims(folder)
+    if "worst_abs_error" not in claims:
+        raise SpecError(f"{folder / 'cases.yaml'}: claims.worst_abs_error: missing")
     out = {"compute": float(claims["worst_abs_error"])}
     path = folder / "collectives.yaml"
     if path.is_file():
@@ -139,12 +139,13 @@ def _row(name: str, why: str, out: dict[str, Any]) -> dict[str, Any]:
 
 def robustness(scenario: str | Path, overrides: dict[str, Any] | None, out: dict[str, Any], *,
                profile: str | None = None, algorithms: list[str] | None = None,
-               folder: Path = DEFAULT_DIR) -> dict[str, Any]:
-    """`out` (the scenario as given, already simulated) and every perturbation simulated."""
+               folder: Path = DEFAULT_DIR, loaded: Scenario | None = None) -> dict[str, Any]:
+    """`out` (the scenario as given, already simulated; `loaded`: it as loaded, if at hand) and
+    every perturbation simulated."""
     from ..engine import simulate
     from ..spec import load_scenario
 
-    base = load_scenario(scenario, overrides, profile=profile)
+    base = loaded or load_scenario(scenario, overrides, profile=profile)
     if base.runtime.compute.model != "kernels":
         return {"skipped": "the published validation's error sizes are the kernel model's on "
                            "GPU clusters; this scenario uses runtime.compute.model "
@@ -205,10 +206,8 @@ def lines(res: dict[str, Any]) -> list[str]:
         out.append(f"  {labels[name]} to the target loss: {text}")
     # the convergence profile's own [p10, p90] (as given): does another algorithm's band reach
     # under the winner's? Then the convergence model, not the throughput, decides
-    bands = {n: a.get("time_to_target_interval_s") for n, a in first["algorithms"].items()}
-    if res.get("time_to_target_range") and w in bands and bands[w]:
-        close = [labels[n] for n, b in bands.items()
-                 if n != w and b and b[0] is not None and b[0] <= bands[w][1]]
+    if res.get("time_to_target_range") and w in labels:
+        close = unsettled(list(first["algorithms"].values()), labels[w])
         if close:
             out.append(f"  the convergence band of {', '.join(close)} overlaps "
                        f"{labels[w]}'s ([p10, p90] as given): which is first rests on the "

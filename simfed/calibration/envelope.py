@@ -22,7 +22,7 @@ import yaml
 
 from ..spec.scenario import Scenario
 from ..spec.schema import SpecError
-from .published import DEFAULT_DIR, load_cases
+from .published import DEFAULT_DIR, load_cases, load_claims
 
 QUANTITIES = {
     "gpus": "GPUs",
@@ -77,10 +77,9 @@ def published_envelope(folder: Path = DEFAULT_DIR) -> dict[str, Any] | None:
         for k, v in _quantities(scn).items():
             lo, hi = ranges.get(k, [v, v])
             ranges[k] = [min(lo, v), max(hi, v)]
-    data = yaml.safe_load((folder / "cases.yaml").read_text(encoding="utf-8")) or {}
     return {"ranges": ranges, "gpus_families": sorted(families), "cases": len(cases),
             "settings": {k: sorted(v) for k, v in seen.items()},
-            "claims": data.get("claims") or {}}
+            "claims": load_claims(folder)}
 
 
 def outside(scn: Scenario, env: dict[str, Any]) -> list[str]:

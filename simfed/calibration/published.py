@@ -25,6 +25,18 @@ def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
     return files.entries(path, files.read(path), "cases", files.PublishedRun)
 
 
+def load_claims(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
+    """What the docs claim for the published runs (cases.yaml `claims`: median_abs_error,
+    worst_abs_error), held by tests/test_published.py."""
+    claims = files.read(folder / "cases.yaml").get("claims") or {}
+    for key in ("median_abs_error", "worst_abs_error"):
+        if key in claims and (isinstance(claims[key], bool)
+                              or not isinstance(claims[key], int | float)):
+            raise SpecError(f"{folder / 'cases.yaml'}: claims.{key}: expected a number, "
+                            f"got {claims[key]!r}")
+    return claims
+
+
 def predict_case(folder: Path, case: dict[str, Any],
                  overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Simulate one case; its first algorithm's tokens/s/GPU against the published number."""

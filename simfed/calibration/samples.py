@@ -354,6 +354,13 @@ def _drift_rows(rows: list[ComputeRow | LoopRow | DriftRow], src: str) -> list[d
 
 
 @_malformed_is_bad_input
+def _distinct_ranks(ranks: Any) -> bool:
+    """A list of distinct ranks: whole numbers from 0 below the largest world simfed takes."""
+    return isinstance(ranks, list) and all(
+        isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD
+        for r in ranks) and len(set(ranks)) == len(ranks)
+
+
 def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
     """Collectives from a realrun training trace (cat comm spans with attrs.ranks)."""
     meta, spans = read_trace(path)
@@ -372,9 +379,7 @@ def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
         if op is None or not ranks or len(ranks) < 2:
             continue
         where = f"calibrate: {path}: rank {s.rank} step {s.step} {s.name}"
-        if not isinstance(ranks, list) or not all(
-                isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD
-                for r in ranks) or len(set(ranks)) != len(ranks):
+        if not _distinct_ranks(ranks):
             raise SpecError(f"{where}: attrs.ranks {str(ranks)[:80]} is not a list of distinct "
                             "ranks (whole numbers from 0)")
         if world and max(ranks) >= world:
@@ -437,9 +442,7 @@ def read_chrome(path: Path, gpus_per_node: int) -> Samples:
         ranks = a.get("Process Group Ranks")
         if isinstance(ranks, str):
             ranks = json.loads(ranks)
-        if ranks is not None and (not isinstance(ranks, list) or not all(
-                isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD
-                for r in ranks) or len(set(ranks)) != len(ranks)):
+        if ranks is not None and not _distinct_ranks(ranks):
             raise SpecError(f"{where}: Process Group Ranks {str(ranks)[:80]} is not a list of "
                             "distinct ranks (whole numbers from 0)")
         p = int(a.get("Group size", len(ranks) if ranks else 0))
