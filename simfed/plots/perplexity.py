@@ -13,6 +13,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from ..spec import SpecError
+from ..spec.limits import MAX_TIME_S
 from .common import algorithm_color, algorithm_marker, new_figure
 
 
@@ -36,9 +37,6 @@ def load_summaries(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     return out
 
 
-MAX_STEP_S = 1e7  # as simfed.spec.limits: a time in seconds is at most 10^7 s
-
-
 def _check_series(data: Mapping[str, Any], p: Path) -> None:
     """The per-step lists the plot draws are lists of numbers (a SpecError naming the file, key
     and item otherwise): step times finite, 0 to 10^7 s; losses and perplexities may be NaN or
@@ -52,8 +50,8 @@ def _check_series(data: Mapping[str, Any], p: Path) -> None:
                             f"{str(v)[:60]!r}")
         for i, x in enumerate(v):
             if isinstance(x, bool) or not isinstance(x, (int, float)) or (
-                    key == "step_times_s" and not 0 <= x <= MAX_STEP_S):
-                want = (f"a step time of 0 to {MAX_STEP_S:g} s" if key == "step_times_s"
+                    key == "step_times_s" and not 0 <= x <= MAX_TIME_S):
+                want = (f"a step time of 0 to {MAX_TIME_S:g} s" if key == "step_times_s"
                         else "a number")
                 raise SpecError(f"{p}: {key}[{i}]: expected {want}, got {str(x)[:60]!r}")
 

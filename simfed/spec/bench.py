@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .limits import MAX_WORLD
+from .limits import MAX_TIME_S, MAX_WORLD
 from .models import one_line
 from .schema import SpecError
 
@@ -247,7 +247,6 @@ class BenchSummary(BenchRow):
 
 MAX_NBYTES = 2**50  # 1 PiB: far above any buffer a bench moves, small enough to stay finite
 MAX_FLOPS = 1e21
-MAX_TIME_S = 1e7  # as simfed.spec.limits: a time in seconds is at most 10^7 s
 MIN_TIME_S = 1e-9  # no clock a bench reads is finer than a nanosecond
 # counts and sizes: whole and at least 1 (with the most a summary may hold)
 _COUNTS = {"group_size": MAX_WORLD, "nodes": MAX_WORLD, "concurrent_groups": MAX_WORLD,
