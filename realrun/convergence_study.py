@@ -62,15 +62,22 @@ class RunPoint:
     noise: bool = False
     ring_dtype: str = ""  # gradients reduced as a ring in this dtype (realrun.converge)
     outer: str = ""  # fl_fsdp: DiLoCo's outer optimizer (nesterov; defaults lr 0.7, mu 0.9)
+    steps: int = 0  # optimizer steps (the schedule's length); 0: the experiment's
+    seeds: tuple[int, ...] = ()  # run only for these of the study's seeds; (): every seed
 
     @property
     def key(self) -> str:
         ring = f"/ring-{self.ring_dtype}" if self.ring_dtype else ""
         outer = f"/{self.outer}" if self.outer else ""
-        return f"{self.algorithm}/n{self.nodes}/k{self.k}/lr{self.lr:g}{ring}{outer}"
+        steps = f"/s{self.steps}" if self.steps else ""
+        return f"{self.algorithm}/n{self.nodes}/k{self.k}/lr{self.lr:g}{steps}{ring}{outer}"
 
     def overrides(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cluster.nodes": self.nodes, "training.lr": self.lr}
+        if self.steps:
+            # the paper's shape at any length: warm-up over 10% of the steps, cosine to 0
+            out["training.steps"] = self.steps
+            out["training.warmup_steps"] = max(1, round(0.1 * self.steps))
         if self.algorithm == "fl_fsdp":
             out["algorithms.fl_fsdp.aggregate_every"] = self.k
         if self.outer:
@@ -85,6 +92,7 @@ class Experiment:
     base: dict[str, Any] = field(default_factory=dict)  # overrides of the base scenario
     points: tuple[RunPoint, ...] = ()
     eval_every: int = 8
+    evals_per_run: int = 0  # > 0: evaluate this many times a run, whatever its length
 
 
 def batch_sweep(nodes: tuple[int, ...], lr: float = PAPER_LR) -> list[RunPoint]:
@@ -151,6 +159,52 @@ EXPERIMENTS = (
 )
 QUICK = {"training.steps": 8, "training.eval_sequences": 16}
 
+# The size study: four model sizes (2 layers; hidden 48, 64, 128, 256: 52K to 1.48M non-embedding
+# parameters, 28x) on the King James Bible, 128-step runs (the paper's schedule shape: 10%
+# warm-up, cosine to 0) long enough to leave the barely-trained regime at a tuned lr. At each size:
+# an lr sweep of FSDP (128 sequences per step) and FL+FSDP (32 groups of 4, K = 8) from the
+# paper's 3e-4 to 1e-2; a batch sweep (4 to 512 sequences) with the gradient noise scale; an FL
+# grid over G and K at lr 3e-3, where one group of 4 sequences and FSDP on 128 end far apart, so
+# that what averaging recovers is measured; the same three shapes run 4x longer (512 steps: the
+# horizon check); three seeds for the central comparison.
+SIZE_LR = 3e-3
+SIZES = {48: 132, 64: 176, 128: 352, 256: 704}  # hidden -> SwiGLU hidden (2.75x, tiny.yaml's)
+
+
+def size_model(hidden: int) -> dict[str, Any]:
+    return {"model.name": f"llama-h{hidden}", "model.hidden": hidden, "model.layers": 2,
+            "model.ffn_hidden": SIZES[hidden], "model.heads": 4, "model.kv_heads": 2}
+
+
+def size_points(hidden: int) -> tuple[RunPoint, ...]:
+    lr, s0 = SIZE_LR, (0,)
+    pts = [RunPoint("fsdp", 32, lr=x, noise=True, seeds=s0) for x in (3e-4, 1e-3, lr, 1e-2)]
+    pts += [RunPoint("fl_fsdp", 32, 8, x, seeds=s0) for x in (3e-4, 1e-3, lr, 1e-2)]
+    pts += [RunPoint("fsdp", n, lr=lr, noise=n >= 2, seeds=s0) for n in (1, 4, 8, 128)]
+    pts += [RunPoint("fl_fsdp", g, k, lr, seeds=s0) for g in (4, 32) for k in (1, 4, 16)]
+    pts += [RunPoint("fl_fsdp", 8, 8, lr, seeds=s0)]
+    if hidden <= 128:  # the paper's number of groups, where it is affordable
+        pts += [RunPoint("fl_fsdp", 128, 8, lr, seeds=s0)]
+    pts += [RunPoint("fsdp", 32, lr=lr, steps=512, seeds=s0),
+            RunPoint("fl_fsdp", 32, 8, lr, steps=512, seeds=s0),
+            RunPoint("fsdp", 1, lr=lr, steps=512, seeds=s0)]
+    pts += [RunPoint(a, n, k, lr, seeds=(1, 2)) for a, n, k in
+            (("fsdp", 32, 0), ("fl_fsdp", 32, 8), ("fsdp", 1, 0), ("fl_fsdp", 4, 4))]
+    return tuple(pts)
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): lr "
+                 "sweep, batch sweep with noise scale, FL grid at lr 3e-3, 512-step runs, seeds",
+                 base={"data.source": "kjv", "training.steps": 128,
+                       "training.warmup_steps": 13, "training.eval_sequences": 256,
+                       **size_model(h)},
+                 points=size_points(h), evals_per_run=16)
+      for h in SIZES),
+)
+
+
 
 def experiment(name: str) -> Experiment:
     for e in EXPERIMENTS:
@@ -172,8 +226,11 @@ def run_point(exp: Experiment, point: RunPoint, seed: int, quick: bool) -> dict[
     over = {**exp.base, **point.overrides(), **(QUICK if quick else {})}
     sc = load_scenario(BASE, over)
     corpus = load_corpus(sc, BASE)
+    every = exp.eval_every
+    if exp.evals_per_run:
+        every = max(1, sc.training.steps // exp.evals_per_run)
     curve = emulate(sc, sc.algorithm(point.algorithm), corpus, seed=seed,
-                    eval_every=max(1, exp.eval_every if not quick else 4),
+                    eval_every=max(1, every if not quick else 4),
                     keep_group_losses=False, noise_chunk=4 if point.noise else 0,
                     ring_dtype=point.ring_dtype)
     t = sc.training
@@ -200,7 +257,8 @@ def header(exp: Experiment, quick: bool) -> dict[str, Any]:
         "schema": STUDY_SCHEMA, "experiment": exp.name, "what": exp.what, "quick": quick,
         "base_scenario": BASE.name, "base_overrides": exp.base,
         "model": {"name": m.name, "layers": m.layers, "hidden": m.hidden, "vocab": m.vocab,
-                  "params": m.total_params},
+                  "params": m.total_params,
+                  "non_embedding_params": m.total_params - m.embedding_params},
         "data": {"source": sc.data.source, "describe": corpus.describe(),
                  "entropy_floor_nats": floor * 0.6931471805599453 if floor else None},
         "recipe": {"paper_lr": PAPER_LR, "tune_lrs": list(TUNE_LRS),
@@ -215,7 +273,8 @@ def header(exp: Experiment, quick: bool) -> dict[str, Any]:
 def points_for(exp: Experiment, seeds: tuple[int, ...]) -> Iterator[tuple[RunPoint, int]]:
     for seed in seeds:  # seed-major: a partial study has whole grids
         for p in exp.points:
-            yield p, seed
+            if not p.seeds or seed in p.seeds:
+                yield p, seed
 
 
 def run_study(out: Path, only: tuple[str, ...], seeds: tuple[int, ...], quick: bool,

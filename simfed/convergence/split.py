@@ -1,0 +1,38 @@
+"""The fit/check split of the size study (`realrun converge-study`, experiments kjv-h48 ...
+kjv-h256), fixed before any of its runs was looked at:
+
+- across size: every run of the largest model (hidden 256, 1.48M non-embedding parameters) is
+  predicted by a profile fitted on the three smaller sizes only;
+- past the horizon: every 512-step run (at every size) is predicted by a profile fitted on the
+  128-step runs only (4x the fitted horizon, the schedule stretched: 10% warm-up, cosine to 0);
+- targets: a check run is scored at each loss it reaches among TARGET_FRACTIONS of the drop from
+  the untrained loss to the best final loss of the fit runs; the error is predicted / measured
+  steps to that loss - 1 (measured steps interpolated between evaluation points).
+
+The profile that scenarios use is fitted on every run once both checks are reported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SIZE_CHECK_HIDDEN = 256
+HORIZON_FIT_STEPS = 128
+HORIZON_CHECK_STEPS = 512
+TARGET_FRACTIONS = (0.5, 0.75, 0.9)
+
+
+def is_size_check(run: dict[str, Any]) -> bool:
+    """A run of the largest model of the size study."""
+    return int(run["model"]["hidden"]) == SIZE_CHECK_HIDDEN
+
+
+def is_horizon_check(run: dict[str, Any]) -> bool:
+    return int(run["steps"]) == HORIZON_CHECK_STEPS
+
+
+def is_horizon_fit(run: dict[str, Any]) -> bool:
+    return int(run["steps"]) == HORIZON_FIT_STEPS
+
+
+def targets(loss_init: float, best_final: float) -> list[float]:
+    return [loss_init - f * (loss_init - best_final) for f in TARGET_FRACTIONS]
