@@ -32,6 +32,7 @@ import click
 from simfed.spec import Scenario, SpecError, algorithm_info, load_scenario
 from simfed.spec.ops import OPS
 from simfed.spec.overrides import parse_sets
+from simfed.spec.paths import write_text_atomic
 
 from .bench_summary import SUMMARY, TRACE_GLOB, BenchError, format_summary, summarize
 from .testbed import DEFAULT_PREFIX, TestbedError, testbed_for
@@ -228,7 +229,7 @@ def run_bench(*, scenario: str | None, out: Path, nproc: int | None, testbed: bo
             raise BenchError(f"bench {what}{hint}; log: {out / 'launch.log'}")
     summary = summarize(out)
     summary["meta"]["bench_wall_s"] = time.monotonic() - t
-    (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+    write_text_atomic(out / SUMMARY, json.dumps(summary, indent=1) + "\n")
     return summary
 
 

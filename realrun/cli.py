@@ -10,6 +10,7 @@ import click
 
 from simfed.spec import SpecError
 from simfed.spec.overrides import parse_sets
+from simfed.spec.paths import check_output
 
 from .errors import EXIT_BAD_INPUT, RealrunError
 
@@ -67,8 +68,6 @@ def run_command(scenario: str, algorithm: str, out: Path, nproc: int | None,
                 dump_fedavg: bool, kill_rank: int, kill_at_step: int, kill_signal: str,
                 kill_in: str, quiet: bool) -> None:
     """Train SCENARIO's ALGORITHM on this host with torchrun (one process per rank)."""
-    from simfed.spec.paths import check_output
-
     from .launch import RunRequest, run
 
     check_output(out, "--out", folder=True)  # before any process starts
@@ -110,8 +109,7 @@ def converge_command(scenario: str, algorithm: str, seeds: str, eval_every: int,
         seed_list = [int(s) for s in seeds.split(",")] if seeds else [None]
     except ValueError:
         raise RealrunError(f"--seeds {seeds!r}: expected integers separated by commas") from None
-    if json_out is not None and not json_out.parent.exists():
-        raise RealrunError(f"--json {json_out}: folder {json_out.parent} does not exist")
+    check_output(json_out, "--json")  # before any training
     sc = load_scenario(scenario, parse_sets(overrides))
     corpus = load_corpus(sc, Path(scenario))
     curves = []

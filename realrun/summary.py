@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 from simfed.spec import PHASES, Span, SpecError, read_trace, wall_step_times, write_chrome
+from simfed.spec.paths import write_text_atomic
 
 
 def _ppl(loss_nats: float) -> float:
@@ -148,7 +148,5 @@ def write_outputs(out: Path, records: list[dict[str, Any]], ctx: dict[str, Any]
     summary["trace_ranks_merged"] = merged
     write_chrome(out / "trace.json", spans, meta={**ctx["meta"], "ranks": merged},
                  process_name=summary["algorithm"])
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, out / "summary.json")
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, sort_keys=False) + "\n")
     return summary

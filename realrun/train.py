@@ -44,6 +44,7 @@ from simfed.spec import (
     to_plain,
 )
 from simfed.spec.overrides import parse_sets
+from simfed.spec.paths import write_text_atomic
 from simfed.spec.rounds import ends_round
 
 from .collectives import CollectiveTap
@@ -354,9 +355,7 @@ class Trainer:
             "outer_momentum": a.outer_momentum if a.outer_optimizer != "average" else None,
             "rounds_per_group": [first[g]["fl_rounds"] for g in sorted(first)],
         }
-        tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, self.out / "summary.json")
+        write_text_atomic(self.out / "summary.json", json.dumps(summary, indent=1) + "\n")
         return summary
 
     def _aggregate(self, step: int, round_index: int, steps_taken: int | None = None,

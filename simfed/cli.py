@@ -9,7 +9,7 @@ import click
 
 from .spec import SpecError
 from .spec.overrides import parse_sets
-from .spec.paths import check_output
+from .spec.paths import check_output, write_text_atomic
 
 # exit statuses: 2 bad input (a SpecError, a usage error, a file that cannot be read or
 # written); INTERNAL_ERROR a fault of simfed itself (a bug: the traceback goes to a log file)
@@ -259,8 +259,8 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
     write_profile(out, profile, header=f"simfed calibrate for {scn.name} from "
                   + ", ".join(str(i) for i in inputs))
     report = report or out.with_suffix(".json")
-    report.write_text(json.dumps(_finite_or_null(rep), indent=2, sort_keys=True,
-                                 allow_nan=False) + "\n", encoding="utf-8")
+    write_text_atomic(report, json.dumps(_finite_or_null(rep), indent=2, sort_keys=True,
+                                         allow_nan=False) + "\n")
     for kind, f in rep["fits"].items():
         if not f["n"]:
             click.echo(f"{kind}: {f['note']}")

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from .spec import SpecError
+from .spec.paths import write_text_atomic
 from .sweep import Axis, SweepSpec, parse_values, run_sweep, to_csv
 
 # the GPU-count sweep: 64 -> 4,096 GPUs (16 -> 1,024 four-GPU nodes); steps kept small, since the
@@ -64,10 +65,9 @@ class _Maker:
 
     def data(self, rows: list[dict[str, Any]], name: str, drop: tuple[str, ...] = ()) -> None:
         p = self.out_dir / name
-        p.parent.mkdir(parents=True, exist_ok=True)
         slim = [{k: v for k, v in r.items() if k in DATA_FIELDS and k not in drop}
                 for r in rows]
-        p.write_text(to_csv(slim), encoding="utf-8")
+        write_text_atomic(p, to_csv(slim))
         self.written.append(p)
         self.echo(f"wrote {p}")
 
@@ -247,8 +247,7 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
         rows = straggler_rows(scenario, nodes=straggler_nodes, steps=gpu_steps,
                               slow_pct=straggler_slow_pct, jitter_pct=straggler_jitter_pct)
         path = m.out_dir / f"{stem}_stragglers_sweep.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(to_csv(rows), encoding="utf-8")
+        write_text_atomic(path, to_csv(rows))
         m.written.append(path)
         echo(f"wrote {path}")
         scn = load_scenario(scenario)
@@ -330,6 +329,9 @@ def _convergence_figures(m: _Maker, scenario: Path, results_dir: Path,
 def figures_command(scenario: str, out_dir: str, results_dir: str, jobs: int | None, dpi: int,
                     svg: bool, only: tuple[str, ...], quiet: bool) -> None:
     """Regenerate every figure in figures/ (sweeps, heatmaps, phases, timelines, validation)."""
+    from .spec.paths import check_output
+
+    check_output(out_dir, "--out", folder=True)
     t0 = time.perf_counter()
     written = make_figures(scenario, out_dir, results_dir=results_dir, jobs=jobs, dpi=dpi,
                            svg=svg, progress=not quiet, echo=click.echo, only=only or None)

@@ -209,11 +209,8 @@ def calibrate(scn: Scenario, samples: Samples, fits: list[FitResult] | None = No
 
 
 def write_profile(path: str | Path, profile: dict[str, Any], header: str = "") -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    from ..spec.paths import write_text_atomic
+
     text = "".join(f"# {line}\n" for line in header.splitlines())
     text += yaml.safe_dump(profile, sort_keys=True, width=100)
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, text)

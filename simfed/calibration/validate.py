@@ -32,6 +32,7 @@ import numpy as np
 from ..engine import simulate
 from ..spec.limits import MAX_WORLD
 from ..spec.loader import load_scenario
+from ..spec.paths import write_text_atomic
 from ..spec.scenario import REBENCH_PARTS, Scenario, ValidationShape
 from ..spec.schema import SpecError, to_plain
 from ..spec.trace import read_trace, wall_step_times
@@ -187,8 +188,8 @@ def _calibrate(scn: Scenario, samples: Samples, out: Path, shape: str, source: s
     path = write_profile(out / f"profile{suffix}.yaml", profile,
                          header=f"simfed calibrate: fitted on realrun micro-benchmarks only "
                                 f"({what}); never on end-to-end runs")
-    (out / f"calibration{suffix}.json").write_text(
-        json.dumps(_finite(report), indent=2, sort_keys=True) + "\n")
+    write_text_atomic(out / f"calibration{suffix}.json",
+                      json.dumps(_finite(report), indent=2, sort_keys=True) + "\n")
     return path, report, fits
 
 

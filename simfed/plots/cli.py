@@ -155,11 +155,14 @@ def plot_command(kind: str, inputs: tuple[str, ...], out: str | None, x: str | N
     validation  simfed validate JSON: predicted against measured
     perplexity  realrun summary.json files or run folders: perplexity against wall time
     """
+    from ..spec.paths import check_output
     from .common import save_figure
 
     for p in inputs:
         if not Path(p).exists():
             raise SpecError(f"file not found: {p}")
+    target = out or f"{Path(inputs[0]).with_suffix('').name}_{kind}"
+    check_output(target, "--out")  # before the figure is drawn (a simulation, maybe)
     try:
         fig = make_figure(kind, inputs, x=x, y=y, algorithm=algorithm, value=value,
                           baseline=baseline, where=where, sets=sets, step=step,
@@ -168,6 +171,5 @@ def plot_command(kind: str, inputs: tuple[str, ...], out: str | None, x: str | N
         if isinstance(exc, SpecError):
             raise
         raise SpecError(f"plot {kind}: {exc}") from None
-    target = out or f"{Path(inputs[0]).with_suffix('').name}_{kind}"
     for p in save_figure(fig, target):
         click.echo(f"wrote {p}")

@@ -3,7 +3,7 @@ for scenario keys, and a deterministic PNG/SVG save helper."""
 
 from __future__ import annotations
 
-import os
+import io
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..analysis.report import fmt_s
+from ..spec.paths import write_bytes
 
 DPI = 110
 FORMATS = ("png", "svg")
@@ -130,11 +131,9 @@ def save_figure(fig: Figure, path: str | Path, formats: Iterable[str] | None = N
     stem = path.with_suffix("") if known else path
     if formats is None:
         formats = (suffix,) if known else FORMATS
-    stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
     for fmt in formats:
         target = stem.with_name(f"{stem.name}.{fmt}")
-        tmp = target.with_name(target.name + ".tmp")
         meta: dict[str, Any]
         kwargs: dict[str, Any] = {}
         if fmt == "png":
@@ -144,7 +143,8 @@ def save_figure(fig: Figure, path: str | Path, formats: Iterable[str] | None = N
         else:
             meta = {"CreationDate": None, "Creator": None, "Producer": None}
         with matplotlib.rc_context({"svg.hashsalt": "simfed", "svg.fonttype": "none"}):
-            fig.savefig(tmp, format=fmt, dpi=dpi, metadata=meta, **kwargs)
-        os.replace(tmp, target)
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, dpi=dpi, metadata=meta, **kwargs)
+        write_bytes(target, buf.getvalue())  # atomic; a device or FIFO in place
         written.append(target)
     return written

@@ -138,16 +138,12 @@ class TraceWriter:
 
 
 def write_trace(path: str | Path, meta: dict[str, Any], spans: Iterable[Span]) -> Path:
-    """Write a whole trace atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(header_line(meta) + "\n")
-        for s in spans:
-            fh.write(s.to_json() + "\n")
-    os.replace(tmp, path)
-    return path
+    """Write a whole trace as an output file (`spec.paths.write_text_atomic`: atomically, a
+    device or FIFO in place, no temporary file left behind on a failure)."""
+    from .paths import write_text_atomic
+
+    lines = [header_line(meta)] + [s.to_json() for s in spans]
+    return write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
@@ -251,10 +247,7 @@ def to_chrome(spans: Iterable[Span], meta: dict[str, Any] | None = None,
 
 def write_chrome(path: str | Path, spans: Iterable[Span], meta: dict[str, Any] | None = None,
                  process_name: str | None = None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_chrome(spans, meta, process_name), separators=(",", ":")),
-                   encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    from .paths import write_text_atomic
+
+    return write_text_atomic(path, json.dumps(to_chrome(spans, meta, process_name),
+                                              separators=(",", ":")))

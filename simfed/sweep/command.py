@@ -131,6 +131,11 @@ def sweep_command(scenario: str, varies: tuple[str, ...], sets: tuple[str, ...],
         csv_path, json_path = f"{base}.csv", f"{base}.json"
     elif out_dir:
         raise SpecError("give either --out DIR or --csv/--json files, not both")
+    from ..spec.paths import check_output
+
+    check_output(out_dir, "--out", folder=True)  # before the sweep runs
+    check_output(csv_path, "--csv")
+    check_output(json_path, "--json")
     result = run_sweep(spec, executor=executor, jobs=jobs, address=address, progress=not quiet)
     written = write_outputs(result, csv_path=csv_path, json_path=json_path)
     if not quiet:
