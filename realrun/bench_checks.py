@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .bench_worker import Bench, all_gather
+from .bench_rank import Bench, all_gather
 
 FINGERPRINT_NUMEL = 16  # int64 words: op type, dtype, device and sizes of the op's tensors
 

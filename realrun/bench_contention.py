@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .bench_worker import Bench, Busy, all_gather, gather_buffers
+from .bench_rank import Bench, Busy, all_gather, gather_buffers
 
 LOOP_ROUNDS_PER_ITER = 4  # rounds of the free-running loop case per --iters
 DRIFT_LOOP_ITERS = 48  # loop iterations per round of the group-drift case (~0.8 s on a core)

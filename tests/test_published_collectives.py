@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simfed.calibration.published_collectives import DEFAULT_FILE, compare, load, summarise
 from simfed.collectives.nccl import NcclModel, bus_factor
-from simfed.collectives.published import DEFAULT_FILE, compare, load, summarise
 from simfed.hardware import Hardware
 from simfed.spec import load_scenario
 from simfed.spec.schema import SpecError

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from simfed.calibration.published import load_cases, speedup_cases
-from simfed.collectives.published import load as load_collectives
+from simfed.calibration.published_collectives import load as load_collectives
 from simfed.spec.schema import SpecError
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"

@@ -43,7 +43,7 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, float]:
     error| claimed on the published runs; `nvlink` predicted / published busbw (median) of the
     one-node rows from 1 to 64 MiB; `network` the median |error| of the multi-node rows."""
     from ..calibration.published import load_claims
-    from ..collectives.published import compare
+    from ..calibration.published_collectives import compare
 
     claims = load_claims(folder)
     if "worst_abs_error" not in claims:

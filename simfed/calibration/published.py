@@ -77,10 +77,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def collective_cases(folder: Path = DEFAULT_DIR, *, calibrated: bool = False
                      ) -> list[dict[str, Any]]:
     """Published nccl-tests bus bandwidths (`collectives.yaml`: tables and single points) against
-    the NCCL model's, one row per published size from 1 MiB (simfed.collectives.published);
+    the NCCL model's, one row per published size from 1 MiB (`published_collectives`);
     `calibrated`: the model carrying the size-dependent efficiency fitted on the fit set's rows
     only, as `simfed calibrate` fits it from nccl-tests output (the check rows are held out)."""
-    from ..collectives.published import compare, fit_set_curves
+    from .published_collectives import compare, fit_set_curves
 
     path = folder / "collectives.yaml"
     if not path.is_file():
@@ -151,11 +151,11 @@ def print_published(res: dict[str, Any], console: Any) -> None:
                   f"{r['predicted']:,.0f}", f"{100 * r['error']:+.1f}%", f"{r['mfu']:.3f}", mem)
     console.print(t)
     if res.get("collectives"):
-        from ..collectives.published import print_comparison
+        from .published_collectives import print_comparison
 
         print_comparison(res["collectives"], console)
     if res.get("collectives_calibrated"):
-        from ..collectives.published import print_summary
+        from .published_collectives import print_summary
 
         print_summary(res["collectives_calibrated"], console,
                       ", calibrated on the fit tables (simfed calibrate)")

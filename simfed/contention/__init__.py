@@ -1,25 +1,23 @@
 """Host contention: what the host a run's ranks live on adds to the engine's GPUs and links.
 
-A pluggable component behind the interface in `base` (the engine calls it; a no-op default sits
-behind it). One model today: `SharedCores`, ranks that share host CPU cores on the emulated
-testbed (`runtime.shared_cores`). `for_run` picks the model for one algorithm's run; a scenario
-without the section (or with every mechanism at 0 or switched off) gets the no-op default and
-pays nothing for it.
+Implementations of the engine's host-contention interface (`simfed.engine.host`: the engine
+calls it; a no-op default sits behind it); nothing here imports the engine. One model today:
+`SharedCores`, ranks that share host CPU cores on the emulated testbed (`runtime.shared_cores`).
+`for_run` picks the model for one algorithm's run; a scenario without the section (or with every
+mechanism at 0 or switched off) gets None, the engine's no-op default, and pays nothing for it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .base import NO_CONTENTION, Arrivals, HostContention
-from .shared_cores import SharedCores, busy_share
+from .shared_cores import SharedCores, core_stack_s, nodes_per_core
 
-__all__ = ["NO_CONTENTION", "Arrivals", "HostContention", "SharedCores", "busy_share",
-           "for_run"]
+__all__ = ["SharedCores", "core_stack_s", "for_run", "nodes_per_core"]
 
 
-def for_run(spec: Any, hw: Any, plan: Any, part: Any) -> HostContention:
-    """The host-contention model of one run: `spec` is `runtime.shared_cores`, `part` the run's
-    actors (`simfed.engine.actors.Partition`)."""
+def for_run(spec: Any, hw: Any, plan: Any, part: Any) -> SharedCores | None:
+    """The host-contention model of one run, or None for none: `spec` is
+    `runtime.shared_cores`, `part` the run's actors (`simfed.engine.actors.Partition`)."""
     model = SharedCores(spec, hw, plan, part)
-    return model if model.active else NO_CONTENTION
+    return model if model.active else None

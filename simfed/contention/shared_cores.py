@@ -31,19 +31,32 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from ..spec.stats import expected_max_normal
-from .base import HostContention
-
-if TYPE_CHECKING:
-    from ..engine.sim import Simulation
 
 BUSY_PASSES = 8  # fixed-point passes over the busy shares (converges in 3-4)
 BUSY_TOL = 1e-4
 
 
-class SharedCores(HostContention):
+class _Run(Protocol):
+    """What `SharedCores.simulate` needs of a run (the engine's `SimulatedRun`)."""
+
+    @property
+    def actors(self) -> int: ...
+
+    def run(self) -> None: ...
+
+    def busy_share(self, actor: int) -> float: ...
+
+
+R = TypeVar("R", bound=_Run)
+
+
+class SharedCores:
+    """The engine's host-contention interface (`simfed.engine.host.HostContention`) for ranks
+    that share host cores; it satisfies that Protocol without importing the engine."""
+
     def __init__(self, spec: Any, hw: Any, plan: Any, part: Any,
                  busy: dict[int, float] | None = None):
         self.spec, self.hw, self.plan, self.part = spec, hw, plan, part
@@ -167,7 +180,7 @@ class SharedCores(HostContention):
         return _Arrivals(list(self.part.component_of), compute_sd, comm_sd, self.drifting,
                          self.group_drift_s ** 2)
 
-    def simulate(self, build: Callable[[HostContention], Simulation]) -> Simulation:
+    def simulate(self, build: Callable[[SharedCores], R]) -> R:
         """Run to the fixed point of each actor's busy share: how busy the out-of-step ranks
         are depends on the collectives they slow."""
         model = self
@@ -176,7 +189,7 @@ class SharedCores(HostContention):
         for _ in range(BUSY_PASSES):
             if not self.core_mates:
                 break
-            share = {a: busy_share(sim, a) for a in range(len(sim.states))}
+            share = {a: sim.busy_share(a) for a in range(sim.actors)}
             moved = max(abs(v - model.busy.get(a, 0.0)) for a, v in share.items())
             if moved < BUSY_TOL:
                 break
@@ -249,21 +262,3 @@ def core_stack_s(ring_bytes: float, core_nodes: float, core_s_per_byte: float,
     if core_nodes <= 1 or core_s_per_byte <= 0:
         return 0.0
     return max(0.0, ring_bytes * (core_nodes * core_s_per_byte - link_s_per_byte))
-
-
-def busy_share(sim: Simulation, actor: int) -> float:
-    """Share of the run the actor's rank is busy on its core: computing, doing host work or
-    running a collective (from its launch: a rank waiting for its peers is idle)."""
-    from ..engine.program import OpKind
-    from ..engine.timeline import union
-
-    st = sim.states[actor]
-    spans = []
-    for step in range(sim.steps):
-        prog = sim.program(step)
-        started, launched, done = st.started[step], st.launched[step], st.done[step]
-        for kind in (OpKind.COMPUTE, OpKind.HOST_WORK):
-            spans.extend((started[i], done[i]) for i in prog.indices(kind))
-        spans.extend((launched[i], done[i]) for i in prog.indices(OpKind.COLLECTIVE))
-    end = max(max(row) for row in st.done) if st.done else 0.0
-    return sum(e - s for s, e in union(spans)) / end if end > 0 else 0.0

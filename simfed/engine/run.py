@@ -25,6 +25,7 @@ from ..spec.stats import expected_max_normal
 from ..spec.trace import PHASES, Span
 from ..spec.units import dtype_nbytes, us_to_s
 from .actors import partition
+from .host import NO_CONTENTION, HostContention
 from .program import StepTimes, build_program
 from .sim import Simulation, forget_ring_loads
 from .timeline import actor_spans, busy_and_exposed, peak_unsharded_bytes, step_bounds
@@ -160,9 +161,12 @@ def _interfered(scn: Scenario, hw: Hardware, plan, units, fwd, bwd, cm: ComputeM
 
 
 def _simulate(scn: Scenario, **kw: Any) -> Simulation:
-    """Run the simulation with the run's host-contention model (`simfed.contention`: a no-op
-    unless the scenario has `runtime.shared_cores`), which decides how many passes it takes."""
-    contention = contention_for_run(scn.runtime.shared_cores, kw["hw"], kw["plan"], kw["part"])
+    """Run the simulation with the run's host-contention model (`simfed.contention`; the
+    engine's no-op default unless the scenario has `runtime.shared_cores`), which decides how
+    many passes it takes."""
+    contention: HostContention = (
+        contention_for_run(scn.runtime.shared_cores, kw["hw"], kw["plan"], kw["part"])
+        or NO_CONTENTION)
     return contention.simulate(lambda model: Simulation(**kw, contention=model))
 
 

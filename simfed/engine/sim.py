@@ -27,7 +27,6 @@ import simpy
 
 from ..collectives import collective_impl
 from ..collectives.nccl import NcclModel, engine_cost, nccl_model
-from ..contention import NO_CONTENTION, HostContention
 from ..hardware import Hardware
 from ..network.flow import FlowNetwork
 from ..network.geometry import RingLoad, ring_load
@@ -36,6 +35,8 @@ from ..spec.plan import ParallelPlan
 from ..spec.scenario import CommRuntime, HostRuntime
 from ..spec.units import us_to_s
 from .actors import Partition
+from .host import NO_CONTENTION, HostContention
+from .intervals import union
 from .program import Op, OpKind, Program
 
 COMPUTE, COLLECTIVE, SYNC, HOST_WORK = (OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SYNC,
@@ -104,7 +105,7 @@ class Simulation:
         self.aggregate_steps = aggregate_steps
         self.steps = steps
         self.comm, self.host = comm, host
-        self.contention = contention  # what the host adds (simfed.contention); no-op default
+        self.contention = contention  # what the host adds (engine.host); no-op default
         self.links = self._link_classes()
         self.net = FlowNetwork(self.env, [lc.capacity_Bps for lc in self.links])
         self._loads: dict[tuple, RingLoad] = {}  # per (pg, comp, op, phase)
@@ -455,6 +456,24 @@ class Simulation:
         self._resolve(rv, env.now)
 
     # ---- run ----------------------------------------------------------------------------
+    @property
+    def actors(self) -> int:
+        return len(self.states)
+
+    def busy_share(self, actor: int) -> float:
+        """Share of the run the actor's rank is busy on its core: computing, doing host work or
+        running a collective (from its launch: a rank waiting for its peers is idle)."""
+        st = self.states[actor]
+        spans = []
+        for step in range(self.steps):
+            prog = self.program(step)
+            started, launched, done = st.started[step], st.launched[step], st.done[step]
+            for kind in (OpKind.COMPUTE, OpKind.HOST_WORK):
+                spans.extend((started[i], done[i]) for i in prog.indices(kind))
+            spans.extend((launched[i], done[i]) for i in prog.indices(OpKind.COLLECTIVE))
+        end = max(max(row) for row in st.done) if st.done else 0.0
+        return sum(e - s for s, e in union(spans)) / end if end > 0 else 0.0
+
     def run(self) -> None:
         used_streams = sorted({o.stream for p in self.programs.values() for o in p.ops
                                if o.stream >= 0})

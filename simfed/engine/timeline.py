@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..spec.trace import PHASES, Span
+from .intervals import union
 from .program import STREAMS, OpKind
 from .sim import Simulation
 
@@ -55,19 +56,6 @@ def step_bounds(sim: Simulation, actor: int) -> list[StepBounds]:
         out.append(StepBounds(start, other, b_fwd, b_bwd, b_opt, b_agg))
         start = b_agg
     return out
-
-
-def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for s, e in sorted(intervals):
-        if e <= s:
-            continue
-        if merged and s <= merged[-1][1]:
-            if e > merged[-1][1]:
-                merged[-1] = (merged[-1][0], e)
-        else:
-            merged.append((s, e))
-    return merged
 
 
 def _length(iv: list[tuple[float, float]]) -> float:

@@ -4,18 +4,14 @@ calibration fits; `simfed.spec.scenario` re-exports every name)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat
 
-from .ops import CollectiveOp
+from .ops import DOMAINS, CollectiveOp, Domain  # noqa: F401 - DOMAINS re-exported
 from .schema import param
 from .shared_cores import SharedCoresSpec
 
-# where a per-collective factor applies: inside one node or across nodes, and the same for
-# rings of two ranks ("_pair": one exchange each way with a single peer)
-Domain = Literal["intra", "inter", "intra_pair", "inter_pair"]
-DOMAINS = get_args(Domain)
 # NCCL's (algorithm, protocol) choices as "algorithm/protocol" (simfed/collectives/nccl.py)
 NcclChoiceKey = Literal["ring/LL", "ring/LL128", "ring/Simple", "tree/LL", "tree/LL128",
                         "tree/Simple", "pat/Simple", "nvls/Simple"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ops import OPS
+from .ops import DOMAINS, OPS
 from .schema import SpecError, param
 
 MECHANISMS = ("slowdown", "spread", "group_drift", "host_work", "core_stack")
@@ -66,8 +66,6 @@ class SharedCoresSpec:
         "of one rank over 2 cores); 0: never binds")
 
     def __post_init__(self) -> None:
-        from .runtime import DOMAINS  # the per-op table's domains, as runtime.comm's
-
         for op, f in (self.host_us_per_MB or {}).items():
             where = f"runtime.shared_cores.host_us_per_MB.{op}"
             if op not in OPS:

@@ -266,7 +266,7 @@ def test_unit_and_optimizer_bench_of_the_tiny_model(tmp_path):
 
 
 def test_fl_groups_of_several_nodes_are_benchmarked_as_the_plans_run_them():
-    from realrun.bench_worker import Bench
+    from realrun.bench_rank import Bench
 
     from ..conftest import SCENARIOS
 
@@ -286,7 +286,7 @@ def _reps_worker(rank: int, store: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from realrun.bench_worker import Bench
+    from realrun.bench_rank import Bench
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     ran, busy = [], [0]

@@ -12,6 +12,7 @@ from simfed.calibration.fit import fit_comm
 from simfed.calibration.samples import CommSample, OptimizerSample, Samples, UnitSample
 from simfed.contention import for_run as contention_for_run
 from simfed.engine.actors import partition
+from simfed.engine.host import NO_CONTENTION
 from simfed.engine.sim import Simulation
 from simfed.hardware import Hardware
 from simfed.spec import load_scenario
@@ -138,7 +139,8 @@ def _time_at(truth: dict, rate_Gbps: float, op: str, pg: str, nbytes: int,
     part = partition(plan, StragglerSpec(), 1, 0)
     sim = Simulation(hw=hw, plan=plan, part=part, programs={}, aggregate_steps=set(), steps=1,
                      comm=scn.runtime.comm, host=scn.runtime.host,
-                     contention=contention_for_run(scn.runtime.shared_cores, hw, plan, part))
+                     contention=contention_for_run(scn.runtime.shared_cores, hw, plan, part)
+                     or NO_CONTENTION)
     return sim.collective(pg, 0, op, nbytes).solo_s
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from simfed.calibration import published_collectives as published
 from simfed.calibration.nccl_tests import (
     KNOTS,
     curve_samples,
@@ -18,7 +19,6 @@ from simfed.calibration.nccl_tests import (
     read_nccl_tests,
 )
 from simfed.cli import main
-from simfed.collectives import published
 from simfed.collectives.nccl import bus_factor, curve_value
 from simfed.spec.schema import SpecError
 

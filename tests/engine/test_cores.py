@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from simfed.contention import busy_share
 from simfed.engine import simulate_algorithm
 from simfed.spec import load_scenario
 from simfed.spec.scenario import node_cores
@@ -79,7 +78,7 @@ def test_collectives_beside_out_of_step_ranks_are_slower():
     share = sim.contention.busy[0]
     assert 0.5 < share <= 1.0  # busy but while it waits for peers (identical ranks: never)
     # the fixed point: the share the last pass used is the share it produced
-    assert busy_share(sim, 0) == pytest.approx(share, abs=1e-3)
+    assert sim.busy_share(0) == pytest.approx(share, abs=1e-3)
 
 
 def test_expected_latest_of_n_normals():
@@ -212,7 +211,7 @@ def test_each_mechanism_has_its_own_switch(switch, coefficients):
 def test_no_section_no_contention_model():
     """Without shared-core coefficients (every shipped scenario: testbed.yaml only switches
     core_stack off), the engine gets the no-op default: one pass, no arrival bookkeeping."""
-    from simfed.contention import NO_CONTENTION
+    from simfed.engine.host import NO_CONTENTION
 
     for name in ("testbed.yaml", "512gpu.yaml"):
         scn = load_scenario(SCENARIOS / name, {"training.steps": 2})

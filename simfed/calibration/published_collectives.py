@@ -22,7 +22,7 @@ MIN_BYTES = 1 << 20
 
 
 def load(path: Path = DEFAULT_FILE) -> dict[str, Any]:
-    from ..calibration import published_files as files
+    from . import published_files as files
 
     data = files.read(path)
     return {**data, "tables": files.entries(path, data, "tables", files.CollectiveTable),
@@ -38,9 +38,9 @@ def entry_rows(entry: dict[str, Any]) -> list[tuple[int, float]]:
 
 def entry_model(entry: dict[str, Any], folder: Path):
     """The NCCL model of an entry's system: its scenario with the entry's overrides."""
+    from ..collectives.nccl import nccl_model
     from ..hardware import Hardware
     from ..spec import load_scenario
-    from .nccl import nccl_model
 
     try:
         scn = load_scenario(folder / entry["scenario"], entry.get("set_keys"))
@@ -57,7 +57,7 @@ def fit_set_curves(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
     """runtime.comm.nccl_bw_curve fitted on the fit set's rows only (simfed.calibration.
     nccl_tests.fit_curves, as `simfed calibrate` does with nccl-tests output), and its report."""
-    from ..calibration.nccl_tests import curve_samples, fit_curves
+    from .nccl_tests import curve_samples, fit_curves
 
     data = load(path)
     samples = []
@@ -77,7 +77,7 @@ def compare(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES,
     `curves`, every entry's model carries them as its runtime.comm.nccl_bw_curve."""
     from dataclasses import replace
 
-    from .nccl import bus_factor
+    from ..collectives.nccl import bus_factor
 
     data = load(path)
     out = []

@@ -1,8 +1,8 @@
 """The interface the engine calls for host-side contention, and its no-op default.
 
 The engine (`simfed.engine.sim`) knows GPUs, links and programs. What a particular host adds on
-top (ranks sharing CPU cores on an emulated testbed: `shared_cores.SharedCores`) reaches it only
-through these calls:
+top (ranks sharing CPU cores on an emulated testbed: `simfed.contention.SharedCores`) reaches it
+only through the calls of `HostContention`:
 
 - `compute_factor(actor)`: a multiplier on the actor's compute op durations;
 - `collective_host_s(op, intra, ring_bytes)`: host seconds added to each phase of a collective
@@ -13,19 +13,18 @@ through these calls:
   and collectives, which says how long each collective waits for the group's latest member
   (None: never; the engine then skips it);
 - `simulate(build)`: run `build(model).run()` as often as the model needs (the shared-cores
-  model iterates to a fixed point of how busy each rank is); once for the default.
+  model iterates to a fixed point of how busy each rank is: `SimulatedRun.busy_share`); once
+  for the default.
 
-`NoContention` returns the neutral value of each, so a scenario without host contention runs the
-engine's plain path.
+The engine owns this interface; an implementation satisfies it structurally and never imports
+the engine. `NoContention` returns the neutral value of each, so a scenario without host
+contention runs the engine's plain path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from ..engine.sim import Simulation
+from typing import Protocol, TypeVar
 
 
 class Arrivals(Protocol):
@@ -42,7 +41,40 @@ class Arrivals(Protocol):
         """The stream's collective over `pg` (alone on the network: `solo_s`) ended at `end`."""
 
 
-class HostContention:
+class SimulatedRun(Protocol):
+    """What a host-contention model may ask of a run it made the engine simulate."""
+
+    @property
+    def actors(self) -> int:
+        """The run's actors (classes of identical ranks), indexed from 0."""
+
+    def run(self) -> None:
+        """Simulate the run."""
+
+    def busy_share(self, actor: int) -> float:
+        """Share of the run the actor's rank is busy on its host core."""
+
+
+Run = TypeVar("Run", bound=SimulatedRun)
+
+
+class HostContention(Protocol):
+    """What a host adds to the engine's GPUs and links (see the module docstring)."""
+
+    active: bool
+
+    def compute_factor(self, actor: int) -> float: ...
+
+    def collective_host_s(self, op: str, intra: bool, ring_bytes: float) -> float: ...
+
+    def extra_collective_s(self, pg: str, comp: int, solo_s: float) -> float: ...
+
+    def arrivals(self, actor: int) -> Arrivals | None: ...
+
+    def simulate(self, build: Callable[[HostContention], Run]) -> Run: ...
+
+
+class NoContention:
     """No host contention: every rank has host cores of its own (the default)."""
 
     active = False
@@ -59,10 +91,10 @@ class HostContention:
     def arrivals(self, actor: int) -> Arrivals | None:
         return None
 
-    def simulate(self, build: Callable[[HostContention], Simulation]) -> Simulation:
+    def simulate(self, build: Callable[[HostContention], Run]) -> Run:
         sim = build(self)
         sim.run()
         return sim
 
 
-NO_CONTENTION = HostContention()
+NO_CONTENTION: HostContention = NoContention()
