@@ -21,8 +21,21 @@ SETS = ("fit", "check")
 
 
 def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
+    """cases.yaml's entries, checked; a scale study (cases sharing `study`) lies wholly in the
+    fit set or wholly in the check set, on one scenario."""
     path = folder / "cases.yaml"
-    return files.entries(path, files.read(path), "cases", files.PublishedRun)
+    cases = files.entries(path, files.read(path), "cases", files.PublishedRun)
+    first: dict[str, dict[str, Any]] = {}
+    for i, c in enumerate(cases):
+        if not c.get("study"):
+            continue
+        f = first.setdefault(c["study"], c)
+        for key in ("set", "scenario"):
+            if c[key] != f[key]:
+                raise SpecError(f"{path}: cases[{i}].{key}: {c[key]!r}, but study "
+                                f"{c['study']!r} began with {f[key]!r} ({f['name']}): a scale "
+                                f"study is split whole")
+    return cases
 
 
 def load_claims(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
@@ -44,7 +57,8 @@ def predict_case(folder: Path, case: dict[str, Any],
     from ..spec import load_scenario
 
     try:
-        scn = load_scenario(folder / case["scenario"], overrides)
+        scn = load_scenario(folder / case["scenario"],
+                            {**(case.get("overrides") or {}), **(overrides or {})})
     except SpecError as exc:
         raise SpecError(f"{folder / 'cases.yaml'}: case {case['name']}: {exc}") from None
     out, _ = simulate(scn, algorithms=[scn.algorithms[0].name])
@@ -53,12 +67,19 @@ def predict_case(folder: Path, case: dict[str, Any],
     pred = float(r["tokens_per_s_per_gpu"])
     return {
         "name": case["name"], "set": case["set"], "gpu": case.get("gpu", ""),
+        "study": case.get("study") or "", "framework": framework(case, scn),
         "gpus": scn.cluster.world, "model": scn.model.name,
         "published": pub, "predicted": pred, "error": pred / pub - 1.0,
         "fits_memory": bool(r["fits"]), "peak_memory_GiB": r["peak_memory_bytes"] / 2**30,
         "capacity_GiB": r["memory_capacity_bytes"] / 2**30,
         "mfu": r["mfu"], "exposed_comm_s": r["exposed_comm_s"], "step_time_s": r["step_time_s"],
     }
+
+
+def framework(case: dict[str, Any], scn: Any) -> str:
+    """The code a published run ran: its `framework`, else PyTorch FSDP of the scenario's
+    training.fsdp_version."""
+    return case.get("framework") or f"pytorch-fsdp{scn.training.fsdp_version}"
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:

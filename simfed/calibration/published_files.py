@@ -30,11 +30,18 @@ class _Entry(BaseModel):
 
 
 class PublishedRun(_Entry):
-    """cases.yaml: one published FSDP run."""
+    """cases.yaml: one published FSDP run. A scale study is several runs with the same `study`
+    (the same model at several GPU counts); `overrides` are the dotted scenario keys of this run
+    (cluster.nodes, training.micro_batch, algorithms.0) over its study's scenario; `framework`
+    names the code that ran (pytorch-fsdp1, pytorch-fsdp2, jax-xla, deepspeed-zero3; empty: the
+    scenario's training.fsdp_version as PyTorch FSDP)."""
     set: Literal["fit", "check"]
     published_tokens_per_s_per_gpu: Positive
     gpu: str | None = None
     gpus: Count | None = None
+    study: Annotated[str, Field(min_length=1)] | None = None
+    framework: Annotated[str, Field(min_length=1)] | None = None
+    overrides: dict[str, Any] | None = None
 
 
 class _Pair(BaseModel):
