@@ -83,9 +83,14 @@ class ComputeModel:
     float8_all_gather: bool = True  # tensorwise: FSDP all-gathers the weights in float8
     compile: bool = False  # training.compile
     eager_ops: str = "fused"  # fused | composite (training.eager_ops)
+    eager_norm: str = ""  # fused | composite | "" (as eager_ops): training.eager_norm
+    eager_rope: str = ""  # fused | composite | "" (as eager_ops): training.eager_rope
     fsdp_version: int = 1  # training.fsdp_version
     sharded: bool = True  # the plan shards parameters (FSDP all-gathers them)
     regather_backward: bool = True  # FULL_SHARD: gathered again for backward (not SHARD_GRAD_OP)
+    # the last decoder layer kept unsharded from forward to backward (its backward gathers
+    # nothing: algorithms[].reshard_last_layer_after_forward false)
+    keep_last_layer: bool = False
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -238,8 +243,18 @@ class ComputeModel:
                     else rt.triton_attention_slowdown_forward)
         return Kernel(name, flops, 0.0, flops / (self.hw.peak_flops * eff))
 
+    def regathered(self, unit: UnitSpec) -> bool:
+        """Whether FSDP all-gathers `unit` again for its backward: FULL_SHARD's decoder
+        layers, except the last one when it is kept unsharded after forward; the root stays
+        gathered."""
+        if not (self.sharded and self.regather_backward) or unit.index == 0:
+            return False
+        last = self.model.layers if self.model is not None else -1
+        return not (self.keep_last_layer and unit.index == last)
+
     def unit_kernels(self, unit: UnitSpec, direction: str) -> list[Kernel]:
-        key = (unit.index == 0, unit.params, direction)
+        key = (unit.index == 0, unit.params, direction,
+               direction == "backward" and self.regathered(unit))
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = (self._root_kernels(unit, direction) if unit.index == 0
@@ -389,13 +404,13 @@ class ComputeModel:
         .type_as(x) * self.weight`, `_norm` = `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
         + eps)`): cast (p + 4), pow (4 + 4), mean (4), rsqrt per row, multiply (4 + 4), cast
         back (4 + p), weight multiply (2p): 28 + 4p."""
-        return 2.0 * p if self.eager_ops == "fused" else 28.0 + 4.0 * p
+        return 2.0 * p if (self.eager_norm or self.eager_ops) == "fused" else 28.0 + 4.0 * p
 
     def _rope_bytes_per_element(self, p: int) -> float:
         """Bytes eager RoPE moves per element of q and k: fused 2p; composite (torchtitan's
         `apply_rotary_emb`: view_as_complex(x.float()) * freqs_cis, view_as_real, type_as):
         cast (p + 4), complex multiply (4 + 4), cast back (4 + p): 16 + 2p."""
-        return 2.0 * p if self.eager_ops == "fused" else 16.0 + 2.0 * p
+        return 2.0 * p if (self.eager_rope or self.eager_ops) == "fused" else 16.0 + 2.0 * p
 
     def _compiled_regions(self, t: int, d: int, kv: int, act_elems: int, p: int
                           ) -> dict[str, float]:
@@ -442,7 +457,7 @@ class ComputeModel:
         p = self.model.dtype_nbytes if self.model else 2
         r = self.reduce_nbytes or p
         out = []
-        if self.sharded and (not bwd or (self.regather_backward and unit.index > 0)):
+        if self.sharded and (not bwd or self.regathered(unit)):
             out.append(self.memory_bound("fsdp2 all-gather copy-out",
                                          2.0 * self.gathered_nbytes(unit)))
         if bwd:

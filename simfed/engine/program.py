@@ -1,4 +1,4 @@
-"""The per-step program each rank's host thread issues, as FSDP1 issues it.
+"""The per-step program each rank's host thread issues, as FSDP1 or FSDP2 issues it.
 
 An op goes to one GPU stream (compute, or the stream of one process group's communicator: shard,
 replicate, fed) in host order; ops on a stream run in issue order; `deps` are cross-stream waits
@@ -18,6 +18,30 @@ FSDP1 (FULL_SHARD / HYBRID_SHARD) as the paper's code configures it:
 - optimizer step after every gradient is reduced; FedAvg (federated algorithms, every K steps):
   one all-reduce of the local parameter shard over the fed group after the optimizer, blocking;
   with an outer optimizer (DiLoCo), an elementwise Nesterov step on the shard after it.
+
+FSDP2 (`fully_shard`, `training.fsdp_version: 2`; PyTorch 2.13,
+torch/distributed/fsdp/_fully_shard/) issues the same collectives in the same order on one
+communicator per process group, but limits its all-gathers with CUDA events instead of
+FSDP1's CPU-side rate limiter, so the host never waits (`limit_all_gathers` is FSDP1's):
+- forward: `FSDPParamGroup.wait_for_unshard` (_fsdp_param_group.py lines 430-432 and 477-487)
+  keeps the all-gather result of unit u until the next unit's copy-out and makes the
+  all-gather streams wait for unit u-1's copy-out event, so unit u+1's all-gather (issued by
+  the implicit or explicit forward prefetch after it) waits for unit u-1's copy-out, the start
+  of its forward: two all-gathers in flight ahead of the compute. Here the all-gather of layer
+  u depends on the compute op before `forward u-2` on the compute stream.
+- backward: in backward `wait_for_unshard` makes the all-gather streams wait for unit u+1's
+  copy-out at once (line 489), and `pre_backward` prefetches unit u after it (lines 576-585,
+  `_backward_prefetch` lines 795-831): the all-gather of layer u depends on the compute op
+  before `backward u+1`.
+- the reduce-scatter input buffers (`reduce_scatter_max_input_buffers`, lines 640-658: the
+  compute stream waits for the previous unit's reduce-scatter in each post-backward) add no
+  wait here: that reduce-scatter precedes the next all-gather the compute waits for on the
+  same communicator.
+- the root stays unsharded after forward (_fsdp_state.py line 207, `_lazy_init`: "For the
+  root, do not reshard after forward"), as FSDP1's does here.
+With `algorithms[].reshard_last_layer_after_forward: false` (torchtitan's wrap policy,
+parallelize_llama.py `apply_fsdp` at eef8bb2, lines 321-323) the last decoder layer is not
+resharded after forward and its backward needs no all-gather.
 """
 
 from __future__ import annotations
@@ -108,6 +132,7 @@ class StepTimes:
 def build_program(
     alg: AlgorithmSpec, t: StepTimes, host: HostRuntime,
     launch_s_per_unit: float, aggregate: bool, comm: CommRuntime | None = None,
+    fsdp_version: int = 1,
 ) -> Program:
     ops: list[Op] = []
 
@@ -123,6 +148,9 @@ def build_program(
     # SHARD_GRAD_OP (ZeRO-2): parameters stay gathered from forward to backward (no reshard
     # after forward, no backward all-gather); gradients are still reduce-scattered
     keep = sharded and alg.sharding == "grad_op"
+    # the last decoder layer kept unsharded from its forward to its backward (torchtitan)
+    keep_last = sharded and not keep and not alg.reshard_last_layer_after_forward
+    last_layer = n_units - 1
 
     gathers: list[Op] = []  # all-gathers in issue order, for the rate limiter
 
@@ -154,9 +182,10 @@ def build_program(
         if alg.forward_prefetch and i + 1 < n_units and i + 1 not in ag_fwd:
             ag_fwd[i + 1] = all_gather(i + 1, FWD)
         ag = ag_fwd[i]
+        kept = keep or (keep_last and i == last_layer)
         add(kind=OpKind.COMPUTE, stream=0, phase=FWD, name=f"forward u{i}", unit=i,
             deps=(ag.idx,) if ag else (), duration_s=t.forward_s[i], host_s=launch_s_per_unit,
-            free_unit=i if sharded and not keep else -1)
+            free_unit=i if sharded and not kept else -1)
     ag0 = ag_fwd[0]
     reshard_root = sharded and alg.reshard_root_after_forward
     head = add(kind=OpKind.COMPUTE, stream=0, phase=FWD, name="forward root (head, loss)", unit=0,
@@ -193,7 +222,7 @@ def build_program(
     prev_b = bwd_root
     for i in reversed(layers):
         if i not in ag_bwd:
-            ag_bwd[i] = None if keep else all_gather(i, BWD)
+            ag_bwd[i] = None if keep or (keep_last and i == last_layer) else all_gather(i, BWD)
         if alg.backward_prefetch == "pre" and i - 1 >= 1 and i - 1 not in ag_bwd:
             ag_bwd[i - 1] = None if keep else all_gather(i - 1, BWD)
         ag = ag_bwd[i]
@@ -233,7 +262,9 @@ def build_program(
         for op in ops:  # CPU collectives block the rank: one stream for everything
             if op.stream > 0:
                 op.stream = 0
-    if alg.limit_all_gathers:
+    if fsdp_version == 2:
+        _fsdp2_gather_waits(ops, gathers)
+    elif alg.limit_all_gathers:
         for k, ag in enumerate(gathers):
             if k >= 2 and gathers[k - 2].unit != 0:  # the root stays unsharded
                 prev = gathers[k - 2]
@@ -241,3 +272,36 @@ def build_program(
                 if frees and frees[0].idx < ag.idx:
                     ag.host_waits = frees[0].idx
     return Program(ops)
+
+
+def _fsdp2_gather_waits(ops: list[Op], gathers: list[Op]) -> None:
+    """FSDP2's all-gather waits (see the module note), as GPU-side dependencies on the compute
+    op before a unit's copy-out; the host does not wait.
+    - forward: layer u's all-gather waits for unit u-2's copy-out (the root's follows its
+      all-gather at once, before the first layer: no wait).
+    - backward: an all-gather waits for the latest copy-out before it was issued: that of the
+      unit whose backward prefetches it (layer u+1), if that unit was gathered for backward;
+      else (the first backward gathers, or after a layer kept unsharded) the last layer's
+      forward copy-out, which the root's post-forward makes the all-gather streams wait for
+      (_fsdp_state.py lines 335-342)."""
+    compute = [o for o in ops if o.stream == 0]
+    if any(o.kind is OpKind.COLLECTIVE for o in compute):
+        return  # CPU collectives block the rank: one stream, nothing runs ahead anyway
+    before: dict[tuple[int, int], Op | None] = {}
+    prev: Op | None = None
+    for o in compute:
+        if o.kind is OpKind.COMPUTE and o.unit > 0 and o.phase in (FWD, BWD):
+            before.setdefault((o.phase, o.unit), prev)
+        prev = o
+    last = max((o.unit for o in gathers if o.phase == FWD), default=0)
+    gathered_bwd = {o.unit for o in gathers if o.phase == BWD}
+    for ag in gathers:
+        if ag.phase == FWD:
+            key = (FWD, ag.unit - 2) if ag.unit > 2 else None
+        elif ag.unit > 0 and ag.unit + 1 in gathered_bwd:
+            key = (BWD, ag.unit + 1)
+        else:
+            key = (FWD, last) if last > 0 else None
+        waited = before.get(key) if key is not None else None
+        if waited is not None and waited.idx < ag.idx and waited.idx not in ag.deps:
+            ag.deps = (*ag.deps, waited.idx)

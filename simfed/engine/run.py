@@ -62,9 +62,11 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                       reduce_nbytes=dtype_nbytes(train.reduce_dtype or model.dtype),
                       float8=train.float8, float8_all_gather=train.float8_all_gather,
                       compile=train.compile,
-                      eager_ops=train.eager_ops, fsdp_version=train.fsdp_version,
+                      eager_ops=train.eager_ops, eager_norm=train.eager_norm,
+                      eager_rope=train.eager_rope, fsdp_version=train.fsdp_version,
                       sharded=plan.shard > 1,
-                      regather_backward=plan.shard > 1 and alg.sharding == "full")
+                      regather_backward=plan.shard > 1 and alg.sharding == "full",
+                      keep_last_layer=not alg.reshard_last_layer_after_forward)
     units = model.units(train.seq_len, scn.runtime.compute.causal_skip)
     shard_params = -(-model.total_params // plan.shard)
     rt = scn.runtime.compute
@@ -101,7 +103,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                  if info.federated and plan.groups > 1 else set())
     programs = {
         flag: build_program(alg, times, scn.runtime.host, launch_s, aggregate=flag,
-                            comm=scn.runtime.comm)
+                            comm=scn.runtime.comm, fsdp_version=train.fsdp_version)
         for flag in (False, True)
     }
     part = partition(plan, scn.stragglers, steps, scn.seed, PG_KINDS, lockstep, agg_steps)

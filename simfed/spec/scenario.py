@@ -102,7 +102,19 @@ class TrainingSpec:
         "reading and writing the tensor once: F.layer_norm, apex / flash-attn fused kernels) "
         "or composite (PyTorch ops through fp32, as torchtitan's and fms's eager code: "
         "RMSNorm as cast, pow, mean, rsqrt, multiply, cast back, multiply by the weight; RoPE "
-        "as cast, complex multiply, cast back); compiled layers fuse them either way")
+        "as cast, complex multiply, cast back); compiled layers fuse them either way. "
+        "eager_norm and eager_rope set one of the two apart")
+    eager_norm: str = param(
+        "", choices=("", "fused", "composite"),
+        doc="the uncompiled RMSNorm alone (empty: as eager_ops): fused (one kernel: "
+        "torch.nn.RMSNorm, which PyTorch runs as aten::_fused_rms_norm on CUDA when the "
+        "weight and input dtypes match, as torchtitan has used since 5078e92, April 2025) or "
+        "composite (torchtitan's own RMSNorm class before that, fms's)")
+    eager_rope: str = param(
+        "", choices=("", "fused", "composite"),
+        doc="the uncompiled RoPE alone (empty: as eager_ops): fused (one kernel, e.g. "
+        "flash-attn's rotary kernel) or composite (torchtitan's apply_rotary_emb: "
+        "view_as_complex of the fp32 q and k, complex multiply, view_as_real, cast back)")
     fsdp_version: int = param(
         1, choices=(1, 2),
         doc="1: FSDP1 (FullyShardedDataParallel, a flat parameter per unit: the paper's code, "
@@ -125,6 +137,16 @@ class TrainingSpec:
         False, doc="torch.compile of each decoder layer (torchtitan's per-block compile): "
         "Inductor fuses the memory-bound kernels between two GEMMs / attention kernels into one "
         "that reads its inputs and writes its outputs once")
+
+    @property
+    def norm_impl(self) -> str:
+        """fused | composite: how the uncompiled model computes its RMSNorms."""
+        return self.eager_norm or self.eager_ops
+
+    @property
+    def rope_impl(self) -> str:
+        """fused | composite: how the uncompiled model computes RoPE."""
+        return self.eager_rope or self.eager_ops
 
     @property
     def ac_policy(self) -> str:
@@ -174,6 +196,12 @@ class AlgorithmSpec:
     reshard_root_after_forward: bool = param(
         False, doc="reshard the root unit (embedding, head) after forward and all-gather it "
         "again in backward (FSDP1 and FSDP2's heuristic keep it: false)")
+    reshard_last_layer_after_forward: bool = param(
+        True, doc="reshard the last decoder layer after forward like the others; false: keep "
+        "it unsharded until its backward, which then needs no all-gather (torchtitan's "
+        "default wrap policy from 2024 to July 2025: `reshard_after_forward = int(layer_id) "
+        "< len(model.layers) - 1`, torchtitan/parallelisms/parallelize_llama.py apply_fsdp "
+        "at eef8bb2, until 83e6941 kept [norm, output] unsharded instead)")
     limit_all_gathers: bool = param(
         True, doc="FSDP1 rate limiter: the host waits before a third all-gather is in flight "
         "(FSDP1 default True; the paper's code sets False)")
@@ -342,9 +370,11 @@ class ValidationSpec:
 @dataclass(frozen=True, kw_only=True)
 class ConvergenceSpec:
     model: str = param(
-        "none", choices=("none", "noise_progress"),
-        doc="convergence model (simfed.convergence): none, or noise_progress (loss as a power "
-        "law in progress; each step's progress scaled by its batch's statistical efficiency)")
+        "none", choices=("none", "scaling", "noise_progress"),
+        doc="convergence model (simfed.convergence): none; scaling (model size, tokens per "
+        "step, learning rate and schedule, groups and K are inputs: a profile fitted at some "
+        "sizes predicts another); or noise_progress (one size, one lr: a profile for its own "
+        "model and recipe)")
     target_loss: float = param(0.0, ge=0, doc="evaluation loss (nats/token) to reach; 0 = none")
     target_perplexity: float = param(0.0, ge=0, doc="... or evaluation perplexity; 0 = none")
     profile: dict[str, Any] = param(
@@ -354,6 +384,10 @@ class ConvergenceSpec:
         False, doc="apply a profile fitted on another model or data: losses rescaled between "
         "the scenario model's untrained loss ln(vocab) and loss_floor (flagged as extrapolation)")
     loss_floor: float = param(0.0, ge=0, doc="transfer: the data's irreducible loss (nats)")
+    data_constants: dict[str, float] = param(
+        None, doc="scaling: the constants of another corpus and tokenizer in place of the "
+        "profile's (loss_floor, floor_coef, floor_size_exponent, noise_star_tokens, "
+        "noise_loss_exponent), each with its source in a comment; listed in the output")
     samples: int = param(200, ge=10, le=10000, doc="parameter draws for the uncertainty band")
 
     def __post_init__(self) -> None:
@@ -366,6 +400,20 @@ class ConvergenceSpec:
         if self.model != "none" and not self.profile:
             raise SpecError(f"convergence.profile: required for model {self.model} (fit one "
                             "with `simfed calibrate --convergence STUDY.json`)")
+        if self.data_constants:
+            if self.model != "scaling":
+                raise SpecError("convergence.data_constants: only the scaling model has data "
+                                f"constants; model is {self.model}")
+            known = ("loss_floor", "floor_coef", "floor_size_exponent", "noise_star_tokens",
+                     "noise_loss_exponent")
+            for k, v in self.data_constants.items():
+                if k not in known:
+                    raise SpecError(f"convergence.data_constants.{k}: unknown; expected one of "
+                                    f"{', '.join(known)}")
+                positive = k in ("floor_coef", "noise_star_tokens")
+                if not (v > 0 if positive else v >= 0) or v > 1e12:
+                    raise SpecError(f"convergence.data_constants.{k}: must be "
+                                    f"{'> 0' if positive else '>= 0'} and at most 1e12, got {v}")
 
 
 # ---------------------------------------------------------------------------------------------
