@@ -75,9 +75,10 @@ def results_table(out: dict[str, Any]) -> Table:
     if conv:
         row("final eval perplexity [p10, p90]", lambda a: _ppl_band(a["convergence"]))
     if conv and conv.get("target_loss") is not None:
-        row(f"steps to ppl {conv['target_perplexity']:.4g}",
-            lambda a: "not reached" if a["steps_to_target"] is None else
-            f"{a['steps_to_target']:,}")
+        row(f"steps to ppl {conv['target_perplexity']:.4g} [p10, p90]",
+            lambda a: _count_band(a, "steps_to_target", "steps_to_target_interval"))
+        row("tokens to target [p10, p90]",
+            lambda a: _count_band(a, "tokens_to_target", "tokens_to_target_interval", True))
         row("time to target [p10, p90]", _time_band)
     return t
 
@@ -85,6 +86,29 @@ def results_table(out: dict[str, Any]) -> Table:
 def _ppl_band(c: dict[str, Any]) -> str:
     lo, hi = (math.exp(v) for v in c["loss_final_interval"])
     return f"{c['perplexity_final']:.4g} [{lo:.4g}, {hi:.4g}]"
+
+
+def _count_band(a: dict[str, Any], key: str, band: str, short: bool = False) -> str:
+    v = a.get(key)
+    if v is None:
+        return "not reached"
+    lo, hi = a.get(band) or [None, None]
+
+    def f(x: int | None) -> str:
+        if x is None:
+            return "not reached"
+        return fmt_count(x) if short else f"{x:,}"
+
+    extra = " +FedAvg" if key == "steps_to_target" and a.get("fedavg_to_reach_target") else ""
+    return f"{f(v)}{extra} [{f(lo)}, {f(hi)}]"
+
+
+def fmt_count(n: float) -> str:
+    """1234567 -> 1.23M (tokens)."""
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
 
 
 def _time_band(a: dict[str, Any]) -> str:
@@ -125,6 +149,27 @@ def convergence_lines(out: dict[str, Any]) -> list[str]:
         lines.append(f"time to eval perplexity {conv['target_perplexity']:.4g}: "
                      + (f"{first} reaches it first" if first else "no algorithm reaches it "
                         "within the run's steps") + _close_to(out, first))
+        for a in out["algorithms"]:
+            if a.get("fedavg_to_reach_target"):
+                lines.append(f"{a['label']}: its groups' mean reaches the target at step "
+                             f"{a['steps_to_target']}, between FedAvg rounds: one extra FedAvg "
+                             f"({fmt_s(a['aggregation_per_event_s'])}) makes that model")
+            lo, hi = a.get("steps_to_target_interval") or [None, None]
+            if (a.get("aggregate_every") and lo is not None and lo == hi
+                    and a.get("steps_to_target") is not None):
+                lines.append(f"{a['label']}: the band collapses to one step ({lo}): every "
+                             "draw reaches the target at the same step")
+    for c in conv.get("checks") or []:
+        if c.get("median_abs_error") is not None:
+            lines.append(f"how sure (time to target): held out {c['what']} (fit {c['fit']}, "
+                         f"check {c['check']}): median |steps error| "
+                         f"{c['median_abs_error']:.0%}, worst {c['worst_abs_error']:.0%}, "
+                         f"{c['inside_band']:.0%} inside [p10, p90]")
+    if conv.get("on_bound"):
+        lines.append("convergence profile: on a bound of their range (not identified): "
+                     + ", ".join(conv["on_bound"]))
+    for e in conv.get("data_constants") or []:
+        lines.append(f"convergence data constant from the scenario: {e}")
     for e in conv["extrapolation"]:
         lines.append(f"convergence EXTRAPOLATION: {e}")
     return lines

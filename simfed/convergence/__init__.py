@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 
 from ..spec import Scenario, SpecError
-from .model import FLOOR, PARAMS, RunShape, loss_curves, steps_to
+from . import predict
+from .model import FLOOR, PARAMS, RunShape, loss_curves
+from .profile import parse
 
 MODELS = {"noise_progress": loss_curves}  # name -> loss_curves(theta, loss_init, shape)
 QUANTILES = (0.1, 0.5, 0.9)
@@ -134,32 +136,20 @@ def extrapolation(scn: Scenario, prof: dict[str, Any], shapes: list[RunShape]) -
     return out
 
 
-def _round_up_to_round(steps: float, k: int, total: int) -> float:
-    if not math.isfinite(steps) or k <= 0:
-        return steps
-    return float(min(total, math.ceil(steps / k) * k))
-
-
-def _time_at(a: dict[str, Any], steps: float) -> float | None:
-    if not math.isfinite(steps):
-        return None
-    n = int(steps)
-    times = a.get("step_times_s") or []
-    if len(times) >= n:
-        return float(sum(times[:n]))
-    return float(n * a["step_time_s"])
-
-
 def attach(scn: Scenario, out: dict[str, Any]) -> None:
     """Add time to target and loss predictions to `out` (simfed.engine.simulate's result)."""
     c = scn.convergence
     if c.model == "none":
         return
+    if c.model == "scaling":
+        predict.attach(scn, out, target_loss(scn))
+        return
     if c.model not in MODELS:
-        raise SpecError(f"convergence.model: {c.model!r}; expected none or "
+        raise SpecError(f"convergence.model: {c.model!r}; expected none, scaling or "
                         f"{', '.join(MODELS)}")
     curves_of = MODELS[c.model]
     prof = c.profile or {}
+    parse(prof, c.model)
     x, cov = _profile_vector(prof)
     loss_init, floor = _loss_scale(scn, prof, x)
     x = x.copy()
@@ -201,18 +191,7 @@ def attach(scn: Scenario, out: dict[str, Any]) -> None:
         k = shape.aggregate_every if shape.groups > 1 else 0
         tokens_step = out["tokens_per_step"]
         if target is not None:
-            s_point = _round_up_to_round(float(steps_to(point[None, :], target)[0]), k,
-                                         t.steps)
-            s_draws = np.array([_round_up_to_round(v, k, t.steps)
-                                for v in steps_to(band, target)])
-            # sample quantiles (no interpolation): inf where over 10% never get there
-            lo, hi = np.quantile(s_draws, [0.1, 0.9], method="inverted_cdf")
-            a["steps_to_target"] = int(s_point) if math.isfinite(s_point) else None
-            a["tokens_to_target"] = (int(s_point * tokens_step)
-                                     if math.isfinite(s_point) else None)
-            a["time_to_target_s"] = _time_at(a, s_point)
-            a["time_to_target_interval_s"] = [_time_at(a, lo), _time_at(a, hi)]
-            res["reached_probability"] = float(np.isfinite(s_draws).mean())
+            predict.targets_into(a, point, band, target, k, t.steps, tokens_step, res)
         a["convergence"] = res
     first = None
     if target is not None:
@@ -227,6 +206,6 @@ def attach(scn: Scenario, out: dict[str, Any]) -> None:
         "first_to_target": first,
         "band": f"p10..p90 of {c.samples} parameter draws (bootstrap refits, or the fit's "
                 "covariance) plus its residual spread",
-        "rule": "federated runs reach the target at the FedAvg round after the predicted step",
+        "rule": predict.RULE,
         "extrapolation": extrapolation(scn, prof, shapes),
     }

@@ -22,10 +22,19 @@ BOOTSTRAP_DRAWS = 40
 
 def calibrate_convergence(inputs: Iterable[Path], out: Path, report: Path,
                           draws: int = BOOTSTRAP_DRAWS) -> list[str]:
+    """The scaling model from size-study files (their header names the models' non-embedding
+    parameters), else the noise_progress model from one study file."""
     inputs = list(inputs)
+    studies = [read_study(p) for p in inputs]
+    if any("non_embedding_params" in s["model"] for s in studies):
+        from .calibrate_scaling import calibrate_scaling
+
+        return calibrate_scaling(studies, out, report, draws=draws)
     if len(inputs) != 1:
-        raise SpecError(f"--convergence: one study file per profile, got {len(inputs)}")
-    study = read_study(inputs[0])
+        raise SpecError(f"--convergence: one study file per noise_progress profile, got "
+                        f"{len(inputs)} (several files, of several model sizes, fit the scaling "
+                        "model: write them with `realrun converge-study`)")
+    study = studies[0]
     check = holdout(study)  # fitted without the held-out configurations
     # what scenarios use: every paper-lr run, with bootstrap refits for the uncertainty band
     profile = fit_profile(study, hold_out=False, draws=draws)

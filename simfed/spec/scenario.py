@@ -370,9 +370,11 @@ class ValidationSpec:
 @dataclass(frozen=True, kw_only=True)
 class ConvergenceSpec:
     model: str = param(
-        "none", choices=("none", "noise_progress"),
-        doc="convergence model (simfed.convergence): none, or noise_progress (loss as a power "
-        "law in progress; each step's progress scaled by its batch's statistical efficiency)")
+        "none", choices=("none", "scaling", "noise_progress"),
+        doc="convergence model (simfed.convergence): none; scaling (model size, tokens per "
+        "step, learning rate and schedule, groups and K are inputs: a profile fitted at some "
+        "sizes predicts another); or noise_progress (one size, one lr: a profile for its own "
+        "model and recipe)")
     target_loss: float = param(0.0, ge=0, doc="evaluation loss (nats/token) to reach; 0 = none")
     target_perplexity: float = param(0.0, ge=0, doc="... or evaluation perplexity; 0 = none")
     profile: dict[str, Any] = param(
@@ -382,6 +384,10 @@ class ConvergenceSpec:
         False, doc="apply a profile fitted on another model or data: losses rescaled between "
         "the scenario model's untrained loss ln(vocab) and loss_floor (flagged as extrapolation)")
     loss_floor: float = param(0.0, ge=0, doc="transfer: the data's irreducible loss (nats)")
+    data_constants: dict[str, float] = param(
+        None, doc="scaling: the constants of another corpus and tokenizer in place of the "
+        "profile's (loss_floor, floor_coef, floor_size_exponent, noise_star_tokens, "
+        "noise_loss_exponent), each with its source in a comment; listed in the output")
     samples: int = param(200, ge=10, le=10000, doc="parameter draws for the uncertainty band")
 
     def __post_init__(self) -> None:
@@ -394,6 +400,20 @@ class ConvergenceSpec:
         if self.model != "none" and not self.profile:
             raise SpecError(f"convergence.profile: required for model {self.model} (fit one "
                             "with `simfed calibrate --convergence STUDY.json`)")
+        if self.data_constants:
+            if self.model != "scaling":
+                raise SpecError("convergence.data_constants: only the scaling model has data "
+                                f"constants; model is {self.model}")
+            known = ("loss_floor", "floor_coef", "floor_size_exponent", "noise_star_tokens",
+                     "noise_loss_exponent")
+            for k, v in self.data_constants.items():
+                if k not in known:
+                    raise SpecError(f"convergence.data_constants.{k}: unknown; expected one of "
+                                    f"{', '.join(known)}")
+                positive = k in ("floor_coef", "noise_star_tokens")
+                if not (v > 0 if positive else v >= 0) or v > 1e12:
+                    raise SpecError(f"convergence.data_constants.{k}: must be "
+                                    f"{'> 0' if positive else '>= 0'} and at most 1e12, got {v}")
 
 
 # ---------------------------------------------------------------------------------------------

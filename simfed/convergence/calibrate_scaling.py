@@ -1,0 +1,150 @@
+"""`simfed calibrate --convergence kjv-h48.json kjv-h64.json ... --out PROFILE.yaml`: the scaling
+model (scaling.py) fitted on size-study files, with the held-out checks of split.py (across
+model size; past the fitted horizon) reported and kept in the profile, the parameters on a bound
+of their range named, and bootstrap refits for the band."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ..spec import SpecError
+from ..spec.paths import write_text_atomic
+from . import fitting, scaling, split
+from .profile import PROFILE_V2, parse
+from .runs import Run, runs_of_study
+
+
+def modelled(runs: list[Run]) -> list[Run]:
+    """The runs the scaling model describes: plain FedAvg or one model, exact reductions."""
+    return [r for r in runs if r.shape.outer == "average" and not r.tags.get("ring_dtype")]
+
+
+def study_runs(studies: list[dict[str, Any]]) -> list[Run]:
+    runs = [r for s in studies for r in runs_of_study(s)]
+    data = {s["data"]["source"] for s in studies}
+    if len(data) > 1:
+        raise SpecError(f"--convergence: the studies are on {len(data)} data sets "
+                        f"({', '.join(sorted(data))}); a profile is fitted on one")
+    return modelled(runs)
+
+
+def floor_min(studies: list[dict[str, Any]]) -> float:
+    return float(min(s["data"].get("entropy_floor_nats") or 0.0 for s in studies))
+
+
+def _range(vals: list[float]) -> list[float]:
+    return [float(min(vals)), float(max(vals))]
+
+
+def fitted_range(studies: list[dict[str, Any]], runs: list[Run]) -> dict[str, Any]:
+    sh = [r.shape for r in runs]
+    fed = [s for s in sh if s.federated]
+    return {
+        "data": studies[0]["data"]["source"], "vocab": int(studies[0]["model"]["vocab"]),
+        "seq_len": _range([r.tags["seq_len"] for r in runs]),
+        "non_embedding_params": _range([s.params for s in sh]),
+        "lr": _range([s.lr for s in sh]),
+        "batch_tokens": _range([s.batch_tokens for s in sh]),
+        "groups": _range([s.groups for s in fed] or [1]),
+        "aggregate_every": _range([s.aggregate_every for s in fed] or [1]),
+        "steps": _range([s.steps for s in sh]),
+        "loss": _range([v for r in runs for v in r.eval_loss]),
+        "optimizer": "adamw", "outer": ["average"],
+    }
+
+
+def held_out_checks(runs: list[Run], fmin: float, draws: int = 20) -> list[dict[str, Any]]:
+    """The checks of split.py that these runs allow (each needs both of its sets)."""
+    out = []
+    size_fit = [r for r in runs if not split.is_size_check(r.tags)]
+    size_check = [r for r in runs if split.is_size_check(r.tags)]
+    if size_fit and size_check:
+        c = fitting.check(size_fit, size_check, floor_min=fmin, draws=draws)
+        hidden = sorted({int(r.tags["model"]["hidden"]) for r in size_fit})
+        out.append({"what": "across size", "fit": f"hidden {', '.join(map(str, hidden))}",
+                    "check": f"hidden {split.SIZE_CHECK_HIDDEN}", **c})
+    hz_fit = [r for r in runs if split.is_horizon_fit(r.tags)]
+    hz_check = [r for r in runs if split.is_horizon_check(r.tags)]
+    if hz_fit and hz_check:
+        c = fitting.check(hz_fit, hz_check, floor_min=fmin, draws=draws)
+        out.append({"what": "past the horizon", "fit": f"{split.HORIZON_FIT_STEPS}-step runs",
+                    "check": f"{split.HORIZON_CHECK_STEPS}-step runs", **c})
+    return out
+
+
+def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
+                      draws: int = 40) -> list[str]:
+    runs = study_runs(studies)
+    if not runs:
+        raise SpecError("--convergence: no runs the scaling model describes in these files")
+    fmin = floor_min(studies)
+    checks = held_out_checks(runs, fmin)
+    f = fitting.fit(runs, fmin)
+    boot = fitting.bootstrap(runs, draws, floor_min=fmin) if draws else np.empty((0, 0))
+    names = ", ".join(sorted({s["experiment"] for s in studies}))
+    profile: dict[str, Any] = {
+        "schema": PROFILE_V2, "model": "scaling",
+        "source": f"{names}: {len(runs)} runs, {f['points']} evaluation points",
+        "params": dict(zip(scaling.PARAMS, (float(v) for v in f["x"]), strict=True)),
+        "covariance": [[float(v) for v in row] for row in f["cov"]],
+        "draws": [[float(v) for v in row] for row in boot],
+        "residual_sd": f["residual_sd"], "rms_error": f["rms"],
+        "on_bound": f["on_bound"],
+        "fitted_range": fitted_range(studies, runs),
+        "checks": [{k: c[k] for k in ("what", "fit", "check", "points", "median_abs_error",
+                                      "worst_abs_error", "inside_band")} for c in checks],
+    }
+    parse(profile, "scaling", str(out))  # what is written is what a scenario accepts
+    header = (f"# simfed calibrate --convergence {names} ({_dt.date.today().isoformat()})\n"
+              "# the scaling model (simfed/convergence/scaling.py); include it as a scenario's "
+              "convergence.profile\n")
+    write_text_atomic(out, header + yaml.safe_dump(profile, sort_keys=False, width=100))
+    rep = {"profile": profile, "checks": checks, "intervals": intervals(f)}
+    write_text_atomic(report, json.dumps(rep, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    return [*summary_lines(profile, f, checks), f"wrote {out} and {report}"]
+
+
+def intervals(f: dict[str, Any]) -> dict[str, list[float]]:
+    """95% intervals of the free parameters from the fit's covariance."""
+    out = {}
+    for j, p in enumerate(scaling.PARAMS):
+        if f["free"][j]:
+            sd = math.sqrt(max(0.0, float(f["cov"][j, j])))
+            out[p] = [float(f["x"][j] - 1.96 * sd), float(f["x"][j] + 1.96 * sd)]
+    return out
+
+
+def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[str, Any]]
+                  ) -> list[str]:
+    p = profile["params"]
+    iv = intervals(f)
+    k = iv.get("log_fl_kappa")
+    lines = [
+        f"convergence fit (scaling): {profile['source']}",
+        f"  rms error {profile['rms_error']:.4f} nats; eta*(1e6 params) "
+        f"{math.exp(p['log_lr_star']):.3g}, c {p['lr_size_exponent']:.3g}; B_noise(L) "
+        f"{math.exp(p['log_noise_star']):.4g} L^-{p['noise_loss_exponent']:.3g} tokens; "
+        f"P_c {math.exp(p['log_progress_scale']):.3g}, alpha {p['exponent']:.3g}, d "
+        f"{p['progress_size_exponent']:.3g}; floor {p['loss_floor']:.3f} + "
+        f"{math.exp(p['log_floor_coef']):.3g} (N/1e6)^-{p['floor_size_exponent']:.3g}",
+        f"  FedAvg: kappa {math.exp(p['log_fl_kappa']):.3g}"
+        + (f" (95% {math.exp(k[0]):.3g}..{math.exp(k[1]):.3g})" if k else ""),
+    ]
+    if profile["on_bound"]:
+        lines.append(f"  ON A BOUND of its range: {', '.join(profile['on_bound'])}")
+    for c in checks:
+        if c["median_abs_error"] is None:
+            lines.append(f"  held out, {c['what']}: no check run reaches a target")
+            continue
+        lines.append(f"  held out, {c['what']} (fit {c['fit']}, check {c['check']}): median "
+                     f"|steps-to-target error| {c['median_abs_error']:.1%}, worst "
+                     f"{c['worst_abs_error']:.1%}, {c['inside_band']:.0%} inside [p10, p90] "
+                     f"over {c['points']} points")
+    return lines

@@ -1,0 +1,182 @@
+"""Fitting the scaling model (scaling.py) to measured runs, its uncertainty, and the held-out
+checks of the size study (split.py): across model size and past the fitted horizon.
+
+- `fit(runs)`: scipy least squares on every evaluation point after step 0, the covariance from
+  the Jacobian, and which parameters sit on a bound of their physical range (reported, never
+  shipped silently).
+- `bootstrap(runs, n)`: refits on runs resampled with replacement (by configuration, every seed
+  of a configuration together), deterministic.
+- `predict_band(...)`: the point prediction and [p10, p90] of steps to a loss, from the refits
+  plus the fit's residual spread, as `simfed run` draws it.
+- `check(fit_runs, check_runs)`: fit on one set, predict the other: steps-to-target errors and
+  how often the measured steps fall inside the predicted [p10, p90].
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from statistics import median
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from ..spec import SpecError
+from . import scaling
+from .runs import Run, Shape, crossing
+
+BAND = (0.1, 0.9)
+ON_BOUND = 1e-3  # a parameter within this fraction of its range from a bound is "on" it
+
+
+def _prepare(runs: list[Run]) -> tuple[list[Shape], list[int], list[np.ndarray], np.ndarray]:
+    shapes = list(dict.fromkeys(r.shape for r in runs))
+    which = [shapes.index(r.shape) for r in runs]
+    idx = [np.array(r.eval_steps[1:], int) for r in runs]
+    meas = np.concatenate([np.array(r.eval_loss[1:]) for r in runs])
+    return shapes, which, idx, meas
+
+
+def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None = None
+        ) -> dict[str, Any]:
+    """Least squares of the scaling model over every evaluation point after step 0 of `runs`;
+    `fixed` pins parameters by name (they get zero variance)."""
+    fixed = fixed or {}
+    unknown = [k for k in fixed if k not in scaling.IDX]
+    if unknown:
+        raise SpecError(f"convergence fit: unknown parameter {unknown[0]!r}; expected one of "
+                        f"{', '.join(scaling.PARAMS)}")
+    free = np.array([p not in fixed for p in scaling.PARAMS])
+    pts = sum(len(r.eval_steps) - 1 for r in runs)
+    if pts < 3 * int(free.sum()):
+        raise SpecError(f"convergence fit: {pts} evaluation points for {int(free.sum())} "
+                        f"parameters; need at least {3 * int(free.sum())}")
+    shapes, which, idx, meas = _prepare(runs)
+    best = float(min(min(r.eval_loss) for r in runs))
+    bnd = scaling.bounds(floor_min, best)
+    base = bnd.x0.copy()
+    for k, v in fixed.items():
+        base[scaling.IDX[k]] = v
+
+    def full(xf: np.ndarray) -> np.ndarray:  # (n, free) -> (n, P)
+        xs = np.repeat(base[None, :], xf.shape[0], axis=0)
+        xs[:, free] = xf
+        return xs
+
+    def predict(xf: np.ndarray) -> np.ndarray:  # (n, free) -> (n, points)
+        curves = scaling.loss_curves_many(full(xf), shapes)
+        return np.concatenate([curves[w][:, i] for w, i in zip(which, idx, strict=True)],
+                              axis=1)
+
+    lo, hi = bnd.lo[free], bnd.hi[free]
+
+    def resid(xf: np.ndarray) -> np.ndarray:
+        return predict(xf[None, :])[0] - meas
+
+    def jac(xf: np.ndarray) -> np.ndarray:
+        h = 1e-6 * np.maximum(1.0, np.abs(xf))
+        h = np.where(xf + h > hi, -h, h)
+        rows = predict(np.vstack([xf, xf + np.diag(h)]))
+        return ((rows[1:] - rows[0]) / h[:, None]).T
+
+    sol = least_squares(resid, bnd.x0[free], jac=jac, bounds=(lo, hi), x_scale="jac")
+    r = sol.fun
+    dof = max(1, len(r) - int(free.sum()))
+    s2 = float(r @ r) / dof
+    cov_f = np.linalg.pinv(sol.jac.T @ sol.jac) * s2
+    cov = np.zeros((len(scaling.PARAMS),) * 2)
+    cov[np.ix_(free, free)] = cov_f
+    x = full(sol.x[None, :])[0]
+    span = bnd.hi - bnd.lo
+    on_bound = [p for j, p in enumerate(scaling.PARAMS) if free[j] and (
+        x[j] - bnd.lo[j] < ON_BOUND * span[j] or bnd.hi[j] - x[j] < ON_BOUND * span[j])]
+    return {"x": x, "cov": cov, "free": free, "residual_sd": math.sqrt(s2),
+            "rms": float(np.sqrt(np.mean(r**2))), "points": len(r), "on_bound": on_bound,
+            "lo": bnd.lo, "hi": bnd.hi}
+
+
+def configurations(runs: list[Run]) -> list[list[Run]]:
+    """Runs grouped by configuration (every seed of one shape together)."""
+    by: dict[tuple[str, Shape], list[Run]] = defaultdict(list)
+    for r in runs:
+        by[(r.source, r.shape)].append(r)
+    return list(by.values())
+
+
+def bootstrap(runs: list[Run], n: int, *, floor_min: float = 0.0,
+              fixed: dict[str, float] | None = None, seed: int = 0) -> np.ndarray:
+    """Parameter vectors refitted on `n` resamples of the configurations (with replacement):
+    the spread the same kind of measurements would have given. Deterministic (seeded)."""
+    rng = np.random.default_rng(seed)
+    groups = configurations(runs)
+    out = []
+    for _ in range(n):
+        pick = [r for i in rng.integers(0, len(groups), size=len(groups)) for r in groups[i]]
+        try:
+            out.append(fit(pick, floor_min, fixed)["x"])
+        except SpecError:
+            continue
+    return np.array(out)
+
+
+def draws_with_noise(x: np.ndarray, draws: np.ndarray, residual_sd: float, n: int,
+                     seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """n parameter vectors (the refits, cycled) and n loss shifts (the residual spread)."""
+    rng = np.random.default_rng([seed, 0xC0])
+    thetas = draws[np.arange(n) % len(draws)] if len(draws) else np.repeat(x[None, :], n, axis=0)
+    return thetas, rng.normal(0.0, residual_sd, size=(n, 1))
+
+
+def steps_to(curve: np.ndarray, target: float) -> np.ndarray:
+    """Steps (interpolated between whole steps) at which each row of `curve` first reaches
+    `target`; inf where it never does."""
+    out = np.empty(curve.shape[0])
+    steps = np.arange(curve.shape[1])
+    for j, row in enumerate(curve):
+        out[j] = crossing(steps, row, target)
+    return out
+
+
+def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
+          fixed: dict[str, float] | None = None, targets: list[float] | None = None,
+          draws: int = 20, samples: int = 100, seed: int = 0) -> dict[str, Any]:
+    """Fit on `fit_set`, predict every run of `check_set`: steps to each target it reaches
+    (error = predicted / measured - 1) and whether the measured steps lie in [p10, p90]."""
+    from .split import targets as split_targets
+
+    f = fit(fit_set, floor_min, fixed)
+    boot = bootstrap(fit_set, draws, floor_min=floor_min, fixed=fixed, seed=seed) if draws \
+        else np.empty((0, len(scaling.PARAMS)))
+    thetas, shift = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed)
+    if targets is None:
+        loss_init = float(np.mean([r.eval_loss[0] for r in fit_set]))
+        targets = split_targets(loss_init, min(r.final_loss for r in fit_set))
+    shapes = list(dict.fromkeys(r.shape for r in check_set))
+    point = scaling.loss_curves_many(f["x"], shapes)
+    band = scaling.loss_curves_many(thetas, shapes)
+    rows = []
+    for r in check_set:
+        j = shapes.index(r.shape)
+        for tgt in targets:
+            meas = crossing(np.array(r.eval_steps), np.array(r.eval_loss), tgt)
+            if not math.isfinite(meas) or meas <= 0:
+                continue
+            pred = float(steps_to(point[j], tgt)[0])
+            lo, hi = np.quantile(steps_to(band[j] + shift, tgt), BAND, method="inverted_cdf")
+            pred_v = pred if math.isfinite(pred) else float(r.shape.steps)
+            rows.append({"key": r.key, "source": r.source, "seed": r.seed,
+                         "target_loss": round(tgt, 4), "measured_steps": round(meas, 2),
+                         "predicted_steps": round(pred, 2) if math.isfinite(pred) else None,
+                         "band": [float(lo), float(hi) if math.isfinite(hi) else None],
+                         "inside": bool(lo <= meas <= hi),
+                         "error": pred_v / meas - 1})
+    errs = [abs(row["error"]) for row in rows]
+    return {"fit_runs": len(fit_set), "check_runs": len(check_set), "points": len(rows),
+            "targets": [round(t, 4) for t in targets],
+            "median_abs_error": median(errs) if errs else None,
+            "worst_abs_error": max(errs) if errs else None,
+            "inside_band": (sum(r["inside"] for r in rows) / len(rows)) if rows else None,
+            "fit_rms": f["rms"], "on_bound": f["on_bound"],
+            "params": dict(zip(scaling.PARAMS, (float(v) for v in f["x"]), strict=True)),
+            "rows": rows}

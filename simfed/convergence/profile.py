@@ -1,0 +1,155 @@
+"""Convergence profiles (what `simfed calibrate --convergence` writes and a scenario's
+`convergence.profile` holds), validated before use: every key known, every number finite and in
+its physical range; a mistake is one line naming the key and the value.
+
+Two models, two forms:
+- noise_progress (schema simfed.convergence_profile/1): params of model.py, fitted on one model
+  size, one learning rate and one data set;
+- scaling (schema simfed.convergence_profile/2): params of scaling.py, fitted across model sizes,
+  learning rates, batches, groups and periods; its fitted range says where."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field
+
+from ..spec import SpecError
+from ..spec.models import FrozenModel
+from . import model as noise_model
+from . import scaling
+
+PROFILE_V1 = "simfed.convergence_profile/1"
+PROFILE_V2 = "simfed.convergence_profile/2"
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError(f"must be a finite number, got {v}")
+    return v
+
+
+Num = Annotated[float, AfterValidator(_finite)]
+Matrix = list[list[Num]]
+Pair = Annotated[list[Num], Field(min_length=2, max_length=2)]
+
+
+class NoiseProgressParams(FrozenModel):
+    log_progress_scale: Num = Field(ge=-20, le=20)
+    exponent: Num = Field(gt=0, le=10)
+    log_noise_tokens: Num = Field(ge=-20, le=40)
+    noise_exponent: Num = Field(ge=0, le=10)
+    fl_rho1: Num = Field(ge=0, le=1)
+    log_fl_kappa: Num = Field(ge=-20, le=20)
+    loss_floor: Num = Field(ge=0, le=100)
+
+
+class FittedRangeV1(FrozenModel):
+    model: str | None = None
+    model_params: Num | None = Field(None, gt=0)
+    vocab: int | None = Field(None, ge=2)
+    data: str | None = None
+    seq_len: int | None = Field(None, ge=1)
+    lr: Num | None = Field(None, gt=0)
+    optimizer: str | None = None
+    batch_tokens: Pair | None = None
+    groups: Pair | None = None
+    aggregate_every: Pair | None = None
+    steps: Pair | None = None
+
+
+class ProfileV1(FrozenModel):
+    schema_: Literal["simfed.convergence_profile/1"] = Field(PROFILE_V1, alias="schema")
+    model: Literal["noise_progress"] = "noise_progress"
+    source: str = "inline"
+    loss_init: Num | None = Field(None, gt=0, le=100)
+    params: NoiseProgressParams
+    covariance: Matrix | None = None
+    draws: Matrix = Field(default_factory=list)
+    residual_sd: Num = Field(0.0, ge=0, le=10)
+    rms_error: Num | None = Field(None, ge=0)
+    fitted_range: FittedRangeV1 = FittedRangeV1()
+
+
+class ScalingParams(FrozenModel):
+    log_lr_star: Num = Field(ge=math.log(1e-8), le=math.log(100))
+    lr_size_exponent: Num = Field(ge=-2, le=3)
+    log_noise_star: Num = Field(ge=-10, le=60)
+    noise_loss_exponent: Num = Field(ge=0, le=20)
+    log_progress_scale: Num = Field(ge=-20, le=30)
+    exponent: Num = Field(gt=0, le=10)
+    progress_size_exponent: Num = Field(ge=-3, le=3)
+    loss_floor: Num = Field(ge=0, le=100)
+    log_floor_coef: Num = Field(ge=-30, le=10)
+    floor_size_exponent: Num = Field(ge=0, le=3)
+    log_fl_kappa: Num = Field(ge=-20, le=20)
+
+
+class FittedRangeV2(FrozenModel):
+    data: str
+    vocab: int = Field(ge=2)
+    seq_len: Pair
+    non_embedding_params: Pair
+    lr: Pair
+    batch_tokens: Pair
+    groups: Pair
+    aggregate_every: Pair
+    steps: Pair
+    loss: Pair
+    optimizer: str = "adamw"
+    outer: list[str] = Field(default_factory=lambda: ["average"])
+
+
+class Check(FrozenModel):
+    """A held-out check of the profile's model (what the "how sure" line reports)."""
+
+    what: str
+    fit: str
+    check: str
+    points: int = Field(ge=0)
+    median_abs_error: Num | None = Field(None, ge=0)
+    worst_abs_error: Num | None = Field(None, ge=0)
+    inside_band: Num | None = Field(None, ge=0, le=1)
+
+
+class ProfileV2(FrozenModel):
+    schema_: Literal["simfed.convergence_profile/2"] = Field(PROFILE_V2, alias="schema")
+    model: Literal["scaling"] = "scaling"
+    source: str
+    params: ScalingParams
+    covariance: Matrix
+    draws: Matrix = Field(default_factory=list)
+    residual_sd: Num = Field(ge=0, le=10)
+    rms_error: Num = Field(ge=0, le=10)
+    on_bound: list[str] = Field(default_factory=list)
+    fitted_range: FittedRangeV2
+    checks: list[Check] = Field(default_factory=list)
+
+
+def parse(prof: Any, model: str, where: str = "convergence.profile") -> Any:
+    """A profile for `model`, validated (SpecError naming the key on a mistake)."""
+    if not isinstance(prof, dict):
+        raise SpecError(f"{where}: expected a mapping (a fitted profile), got "
+                        f"{type(prof).__name__}")
+    cls = ProfileV2 if model == "scaling" else ProfileV1
+    if model == "scaling" and prof.get("model", "scaling") != "scaling":
+        raise SpecError(f"{where}: a {prof.get('model')!r} profile, but convergence.model is "
+                        "scaling (fit one with `simfed calibrate --convergence` on size-study "
+                        "files)")
+    if model == "noise_progress" and prof.get("model", "noise_progress") != "noise_progress":
+        raise SpecError(f"{where}: a {prof.get('model')!r} profile, but convergence.model is "
+                        "noise_progress")
+    p = cls.parse(prof, where)
+    n = len(scaling.PARAMS) if model == "scaling" else len(noise_model.PARAMS)
+    for key in ("covariance", "draws"):
+        m = getattr(p, key)
+        if m and any(len(row) != n for row in m):
+            raise SpecError(f"{where}.{key}: every row must have {n} values (one per parameter)")
+    if p.covariance is not None and p.covariance and len(p.covariance) != n:
+        raise SpecError(f"{where}.covariance: expected {n} x {n}, got {len(p.covariance)} rows")
+    if model == "scaling":
+        unknown = [k for k in p.on_bound if k not in scaling.IDX]
+        if unknown:
+            raise SpecError(f"{where}.on_bound: unknown parameter {unknown[0]!r}")
+    return p

@@ -1,0 +1,105 @@
+"""Training runs as the convergence models see them: what was trained (non-embedding parameters,
+data), how (tokens per step per model copy, federation groups G and period K, outer optimizer,
+the learning-rate schedule with its peak value) and the evaluation losses measured, whatever
+the source: a `realrun converge-study` file or a published run (validation/convergence/)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..spec.schedule import lr_factor
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a model needs to predict a run's loss curve (hashable: equal shapes are integrated
+    once)."""
+
+    params: float  # non-embedding parameters N (Kaplan et al. 2020, sec. 2.1)
+    batch_tokens: float  # tokens per optimizer step per model copy
+    steps: int
+    lr: float  # peak learning rate
+    warmup_steps: int = 0
+    schedule: str = "cosine"
+    groups: int = 1  # federation groups (model copies averaged); 1: one model
+    aggregate_every: int = 0  # K; 0: no averaging
+    outer: str = "average"  # average (FedAvg) | nesterov (DiLoCo's outer step)
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    loss_init: float = 0.0  # the untrained model's loss (nats/token)
+
+    def lr_values(self) -> np.ndarray:
+        return _lr_values(self.steps, self.warmup_steps, self.schedule, self.lr)
+
+    @property
+    def federated(self) -> bool:
+        return self.groups > 1 and self.aggregate_every > 0
+
+
+@functools.lru_cache(maxsize=512)
+def _lr_values(steps: int, warmup_steps: int, schedule: str, lr: float) -> np.ndarray:
+    f = lr * np.array([lr_factor(i, steps=steps, warmup_steps=warmup_steps, schedule=schedule)
+                       for i in range(steps)])
+    f.setflags(write=False)
+    return f
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: its shape and its evaluation points (steps taken, loss)."""
+
+    key: str
+    shape: Shape
+    eval_steps: tuple[int, ...]
+    eval_loss: tuple[float, ...]
+    seed: int = 0
+    source: str = ""  # the study or published file
+    tags: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def final_loss(self) -> float:
+        return self.eval_loss[-1]
+
+
+def runs_of_study(study: dict[str, Any]) -> list[Run]:
+    """Every run of a `realrun converge-study` file (read by fit.read_study), with the study's
+    model and data attached as tags (the split rules read them)."""
+    m = study["model"]
+    n = m.get("non_embedding_params") or (m["params"] - m["vocab"] * m["hidden"])
+    out = []
+    for r in study["runs"]:
+        outer = r.get("outer_optimizer") or "average"
+        shape = Shape(
+            params=float(n), batch_tokens=float(r["batch_per_model"] * r["seq_len"]),
+            steps=int(r["steps"]), lr=float(r["lr"]), warmup_steps=int(r["warmup_steps"]),
+            schedule=str(r["lr_schedule"]), groups=int(r["groups"]),
+            aggregate_every=int(r["aggregate_every"] or 0), outer=outer,
+            outer_lr=0.7 if outer == "nesterov" else 1.0,
+            outer_momentum=0.9 if outer == "nesterov" else 0.0,
+            loss_init=float(r["eval_loss"][0]))
+        out.append(Run(key=r["key"], shape=shape, eval_steps=tuple(r["eval_steps"]),
+                       eval_loss=tuple(float(v) for v in r["eval_loss"]), seed=int(r["seed"]),
+                       source=study.get("experiment", ""),
+                       tags={"model": m, "steps": int(r["steps"]), "algorithm": r["algorithm"],
+                             "seq_len": int(r["seq_len"]),
+                             "ring_dtype": r.get("ring_dtype"), "data": study["data"]["source"],
+                             "noise": r.get("noise", [])}))
+    return out
+
+
+def crossing(steps: np.ndarray, loss: np.ndarray, target: float) -> float:
+    """Steps (interpolated linearly between points) at which `loss` first reaches `target`;
+    inf if it never does."""
+    below = np.nonzero(loss <= target)[0]
+    if not len(below):
+        return math.inf
+    j = int(below[0])
+    if j == 0:
+        return float(steps[0])
+    s0, s1, l0, l1 = steps[j - 1], steps[j], loss[j - 1], loss[j]
+    return float(s0 + (s1 - s0) * (l0 - target) / (l0 - l1))

@@ -1,0 +1,143 @@
+"""The scaling model: evaluation loss against optimizer steps with model size, tokens per step,
+the learning rate's schedule and peak value, federation groups and period as inputs, so that a
+profile fitted at some sizes predicts another.
+
+Loss is a power law in *progress* P above a size-dependent floor (Kaplan et al. 2020, L(N, S_min)
+with the floor of Hoffmann et al. 2022's approach 3):
+
+    L(P, N) = L_inf(N) + (L_0 - L_inf(N)) (1 + P / P_c(N))^(-alpha)
+    L_inf(N) = E + A (N / N_0)^(-a),   P_c(N) = P_c (N / N_0)^(-d),   N_0 = 1e6
+
+P counts steps at the noise-free optimal learning rate. One step at learning rate eta makes
+(McCandlish et al. 2018, eq. 2.3-2.6: a step's loss decrease is eta |G|^2 - eta^2/2 (G^T H G +
+tr(H Sigma)/B), quadratic in eta), written for Adam, whose update has about unit size per
+coordinate and whose noisy gradients shrink the part of it along the true gradient:
+
+    dP = 2 x s - x^2 q,   x = eta / eta*(N),   eta*(N) = eta*_0 (N / N_0)^(-c)
+    s^2 = 1 / (1 + B_noise(L) / b)               the signal fraction of one copy's update
+    q = s^2 + (1 - s^2) / G_eff                  the update's squared size after averaging
+
+- b: tokens per optimizer step per model copy; B_noise(L) = B* L^(-1/alpha_B): the gradient
+  noise scale grows as the loss falls, the same at every size at equal loss (Kaplan et al. 2020,
+  eq. 5.3 and fig. 10); B* and alpha_B are fitted (they depend on data and tokenizer).
+- One model (FSDP, HSDP, one federation group): G_eff = 1, q = 1: progress 2 x s - x^2 peaks at
+  x = s with s^2 = 1 / (1 + B_noise / b), McCandlish's statistical efficiency (S = S_min (1 +
+  B_noise / B)); at a small learning rate progress is 2 x s, and the batch still counts through
+  s (Adam's normalisation). Above the optimum the quadratic term costs progress (too high a
+  learning rate); below it steps are wasted.
+- G groups averaged every K steps (FedAvg of AdamW groups): every copy moves along the true
+  gradient by the same 2 x s (s from its own batch b), and the noisy parts of their updates,
+  independent across groups, average out: after one step (K = 1) the squared size of the
+  averaged noise is (1 - s^2) / G. Between rounds the copies drift apart along different
+  trajectories and the average recovers less: G_eff = G^(1 / (1 + kappa ln K)) (local SGD:
+  Lin et al. 2020; Ortiz et al. 2021; DiLoCo's replica and period scaling, Charles et al. 2025).
+  So averaging is worth little at a small learning rate (progress 2 x s, as one group) and
+  most where one model's x^2 term would cost it: the learning-rate regime decides whether
+  FL+FSDP reaches a loss before FSDP.
+- Evaluation is of the groups' mean model (as the emulator and a FedAvg round make it).
+
+Parameters (fitted, in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d,
+E, ln A, a, ln kappa. L_0 is each run's untrained loss (measured, or ln(vocab)).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .runs import Shape
+
+N_REF = 1e6
+PARAMS = ("log_lr_star", "lr_size_exponent", "log_noise_star", "noise_loss_exponent",
+          "log_progress_scale", "exponent", "progress_size_exponent", "loss_floor",
+          "log_floor_coef", "floor_size_exponent", "log_fl_kappa")
+IDX = {p: i for i, p in enumerate(PARAMS)}
+# what each parameter means, for reports and profiles
+DESCRIBE = {
+    "log_lr_star": "ln of the noise-free optimal learning rate eta* at 1e6 non-embedding params",
+    "lr_size_exponent": "c in eta*(N) = eta*_0 (N / 1e6)^-c",
+    "log_noise_star": "ln B* (tokens) in the gradient noise scale B_noise(L) = B* L^-(1/alpha_B)",
+    "noise_loss_exponent": "1/alpha_B: how fast the noise scale grows as the loss falls",
+    "log_progress_scale": "ln P_c: progress (optimal steps) at which the power law bends",
+    "exponent": "alpha: the loss's power in progress",
+    "progress_size_exponent": "d in P_c(N) = P_c (N / 1e6)^-d",
+    "loss_floor": "E: the data's irreducible loss (nats/token)",
+    "log_floor_coef": "ln A in L_inf(N) = E + A (N / 1e6)^-a",
+    "floor_size_exponent": "a in L_inf(N) = E + A (N / 1e6)^-a",
+    "log_fl_kappa": "ln kappa in G_eff = G^(1 / (1 + kappa ln K)): averaging's loss with K",
+}
+# parameters that belong to the data and tokenizer rather than to the optimizer's dynamics:
+# a scenario on other data replaces them (convergence.data_constants) and says so
+DATA_PARAMS = ("loss_floor", "log_floor_coef", "floor_size_exponent", "log_noise_star",
+               "noise_loss_exponent")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    lo: np.ndarray
+    hi: np.ndarray
+    x0: np.ndarray
+
+
+def bounds(floor_min: float, best_loss: float) -> Bounds:
+    """Physical ranges of the parameters (the fit's box) and a starting point inside it."""
+    lo = np.array([math.log(1e-6), -1.0, math.log(1.0), 0.0, math.log(1e-3), 0.02, -2.0,
+                   floor_min, math.log(1e-4), 0.0, math.log(1e-4)])
+    hi = np.array([math.log(10.0), 2.0, math.log(1e12), 12.0, math.log(1e6), 4.0, 2.0,
+                   max(floor_min + 1e-3, best_loss - 1e-3), math.log(1e2), 2.0, math.log(1e3)])
+    x0 = np.array([math.log(3e-3), 0.3, math.log(1e4), 2.0, math.log(10.0), 0.5, 0.0,
+                   floor_min + 0.5 * (best_loss - floor_min), math.log(0.3), 0.3, 0.0])
+    return Bounds(lo, hi, np.clip(x0, lo + 1e-6, hi - 1e-6))
+
+
+def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]:
+    """Loss after 0..steps optimizer steps for each shape, each (n, steps + 1), for n parameter
+    vectors theta (n, len(PARAMS)); all shapes advance together."""
+    theta = np.atleast_2d(np.asarray(theta, float))
+    col = {p: theta[:, i][:, None] for p, i in IDX.items()}  # (n, 1) each
+    n_rel = np.array([s.params / N_REF for s in shapes])[None, :]  # (1, m)
+    b = np.array([s.batch_tokens for s in shapes])[None, :]
+    l0 = np.array([s.loss_init for s in shapes])[None, :]
+    lr_star = np.exp(col["log_lr_star"]) * n_rel ** (-col["lr_size_exponent"])  # (n, m)
+    pc = np.exp(col["log_progress_scale"]) * n_rel ** (-col["progress_size_exponent"])
+    floor = col["loss_floor"] + np.exp(col["log_floor_coef"]) * n_rel ** (
+        -col["floor_size_exponent"])
+    floor = np.minimum(floor, l0 - 1e-6)
+    span = l0 - floor
+    alpha = col["exponent"]
+    b_star, nexp = np.exp(col["log_noise_star"]), col["noise_loss_exponent"]
+    kappa = np.exp(col["log_fl_kappa"])
+    groups = np.array([float(s.groups) if s.federated else 1.0 for s in shapes])[None, :]
+    log_k = np.array([math.log(max(1, s.aggregate_every)) for s in shapes])[None, :]
+    g_eff = groups ** (1.0 / (1.0 + kappa * log_k))  # (n, m)
+    most = max(s.steps for s in shapes)
+    lrs = np.zeros((len(shapes), most))
+    for j, s in enumerate(shapes):
+        lrs[j, : s.steps] = s.lr_values()
+    out = np.empty((theta.shape[0], len(shapes), most + 1))
+    progress = np.zeros((theta.shape[0], len(shapes)))
+    loss = np.broadcast_to(l0, progress.shape).copy()
+    out[:, :, 0] = loss
+    for i in range(most):
+        b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
+        s2 = b / (b + b_noise)
+        q = s2 + (1.0 - s2) / g_eff
+        x = lrs[:, i][None, :] / lr_star
+        progress = np.maximum(progress + 2.0 * x * np.sqrt(s2) - x * x * q, 0.0)
+        loss = floor + span * np.power(1.0 + progress / pc, -alpha)
+        out[:, :, i + 1] = loss
+    return [out[:, j, : s.steps + 1] for j, s in enumerate(shapes)]
+
+
+def optimal_lr(theta: np.ndarray, params: float) -> float:
+    """The noise-free optimal learning rate eta*(N) of a parameter vector, for N params."""
+    return float(math.exp(theta[IDX["log_lr_star"]])
+                 * (params / N_REF) ** (-theta[IDX["lr_size_exponent"]]))
+
+
+def noise_scale(theta: np.ndarray, loss: float) -> float:
+    """B_noise (tokens) at an evaluation loss."""
+    return float(math.exp(theta[IDX["log_noise_star"]])
+                 * max(loss, 1e-3) ** (-theta[IDX["noise_loss_exponent"]]))

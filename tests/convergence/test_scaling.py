@@ -1,0 +1,132 @@
+"""The scaling convergence model (simfed/convergence/scaling.py), its fit and held-out checks.
+
+Oracles: one step of the model against its closed form (McCandlish's quadratic written for
+Adam); its limits (one group ignores K; at the noise-free optimal lr a step makes McCandlish's
+statistical efficiency 1 / (1 + B_noise / B); a larger batch never learns slower per step; more
+groups at K = 1 never learn slower); the fit recovers parameters of curves the model generated at
+three sizes and predicts a fourth size it never saw."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from simfed.convergence import fitting, scaling
+from simfed.convergence.runs import Run, Shape
+from simfed.spec import SpecError
+
+TRUE = {"log_lr_star": math.log(4e-3), "lr_size_exponent": 0.35,
+        "log_noise_star": math.log(2e4), "noise_loss_exponent": 3.0,
+        "log_progress_scale": math.log(8.0), "exponent": 0.6, "progress_size_exponent": 0.2,
+        "loss_floor": 1.2, "log_floor_coef": math.log(0.4), "floor_size_exponent": 0.3,
+        "log_fl_kappa": math.log(0.5)}
+X = np.array([TRUE[p] for p in scaling.PARAMS])
+L0 = 5.5
+
+
+def shape(**kw) -> Shape:
+    base = {"params": 4e5, "batch_tokens": 1024.0, "steps": 48, "lr": 3e-3,
+            "warmup_steps": 5, "loss_init": L0}
+    return Shape(**{**base, **kw})
+
+
+def curve(s: Shape, x: np.ndarray = X) -> np.ndarray:
+    return scaling.loss_curves_many(x, [s])[0][0]
+
+
+def test_one_step_is_the_closed_form():
+    """Step 0 has lr 0 (warm-up from 0); step 1 at lr eta: dP = 2 x s - x^2 q."""
+    s = shape(groups=8, aggregate_every=1, warmup_steps=2)
+    c = curve(s)
+    assert c[1] == pytest.approx(L0)  # lr 0 at step 0: nothing learnt
+    eta = s.lr_values()[1]
+    x = eta / scaling.optimal_lr(X, s.params)
+    bn = scaling.noise_scale(X, L0)
+    s2 = s.batch_tokens / (s.batch_tokens + bn)
+    q = s2 + (1 - s2) / 8  # K = 1: G_eff = G
+    dp = 2 * x * math.sqrt(s2) - x * x * q
+    n_rel = s.params / 1e6
+    pc = math.exp(TRUE["log_progress_scale"]) * n_rel ** -TRUE["progress_size_exponent"]
+    floor = TRUE["loss_floor"] + 0.4 * n_rel ** -TRUE["floor_size_exponent"]
+    want = floor + (L0 - floor) * (1 + dp / pc) ** -TRUE["exponent"]
+    assert c[2] == pytest.approx(want, rel=1e-12)
+
+
+def test_one_group_ignores_k():
+    assert np.array_equal(curve(shape()), curve(shape(groups=1, aggregate_every=8)))
+
+
+def test_optimal_lr_step_is_mccandlish_efficiency():
+    """With a noise scale that does not move (1/alpha_B = 0) and lr = eta* s, one model's
+    progress per step is s^2 = 1 / (1 + B_noise / B)."""
+    x = X.copy()
+    x[scaling.IDX["noise_loss_exponent"]] = 0.0
+    bn = math.exp(TRUE["log_noise_star"])
+    b = 4096.0
+    s = math.sqrt(b / (b + bn))
+    lr = scaling.optimal_lr(x, 4e5) * s
+    one = shape(batch_tokens=b, lr=lr, steps=2, warmup_steps=0, schedule="constant")
+    c = curve(one, x)
+    n_rel = 0.4
+    pc = math.exp(TRUE["log_progress_scale"]) * n_rel ** -TRUE["progress_size_exponent"]
+    floor = TRUE["loss_floor"] + 0.4 * n_rel ** -TRUE["floor_size_exponent"]
+    progress = ((c[1] - floor) / (L0 - floor)) ** (-1 / TRUE["exponent"]) - 1
+    assert progress * pc == pytest.approx(b / (b + bn), rel=1e-9)
+
+
+def test_larger_batches_and_more_groups_never_learn_slower_per_step():
+    c = [curve(shape(batch_tokens=b)) for b in (128, 1024, 8192)]
+    assert np.all(c[0] >= c[1] - 1e-12) and np.all(c[1] >= c[2] - 1e-12)
+    assert c[0][-1] > c[2][-1] + 0.01
+    fl = [curve(shape(batch_tokens=128, groups=g, aggregate_every=1)) for g in (1, 4, 64)]
+    assert np.all(fl[0] >= fl[1] - 1e-12) and np.all(fl[1] >= fl[2] - 1e-12)
+    # averaging fades with K
+    ks = [curve(shape(batch_tokens=128, groups=64, aggregate_every=k, lr=2e-2))[-1]
+          for k in (1, 8, 64)]
+    assert ks[0] <= ks[1] <= ks[2]
+
+
+def test_averaging_is_worth_little_at_a_small_learning_rate():
+    """At small x the quadratic term vanishes: FL+FSDP learns as one group does."""
+    small = dict(batch_tokens=128, lr=1e-5)
+    one = curve(shape(**small))
+    fl = curve(shape(**small, groups=64, aggregate_every=1))
+    assert abs(one[-1] - fl[-1]) < 0.02 * (L0 - one[-1])
+
+
+def synthetic_runs(sizes: tuple[float, ...], x: np.ndarray = X) -> list[Run]:
+    runs = []
+    for n in sizes:
+        for kw in ({"lr": 1e-3}, {"lr": 3e-3}, {"lr": 1e-2}, {"batch_tokens": 128},
+                   {"batch_tokens": 8192}, {"batch_tokens": 128, "groups": 16,
+                                            "aggregate_every": 1},
+                   {"batch_tokens": 128, "groups": 16, "aggregate_every": 8, "lr": 1e-2},
+                   {"batch_tokens": 128, "groups": 64, "aggregate_every": 4, "lr": 1e-2}):
+            s = shape(params=n, steps=64, warmup_steps=6, **kw)
+            c = curve(s, x)
+            steps = tuple(range(0, 65, 4))
+            runs.append(Run(key=f"{n:g}/{kw}", shape=s, eval_steps=steps,
+                            eval_loss=tuple(float(c[i]) for i in steps), source=f"n{n:g}"))
+    return runs
+
+
+def test_fit_recovers_the_curves_and_predicts_an_unseen_size():
+    fixed = {"loss_floor": TRUE["loss_floor"]}  # far below what 64 steps reach
+    train = synthetic_runs((5e4, 2e5, 8e5))
+    f = fitting.fit(train, fixed=fixed)
+    assert f["rms"] < 2e-3
+    check = synthetic_runs((3.2e6,))
+    res = fitting.check(train, check, fixed=fixed, draws=0,
+                        targets=[4.0, 3.5, 3.0])
+    assert res["points"] >= 10
+    assert res["median_abs_error"] < 0.05
+
+
+def test_fit_refuses_too_few_points_and_unknown_fixed():
+    one = synthetic_runs((1e5,))[:1]
+    with pytest.raises(SpecError, match="evaluation points"):
+        fitting.fit(one)
+    with pytest.raises(SpecError, match="unknown parameter 'bogus'"):
+        fitting.fit(synthetic_runs((1e5,)), fixed={"bogus": 1.0})
