@@ -109,21 +109,18 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
         algorithms: tuple[str, ...], seed: int | None, profile: str | None, quiet: bool,
         robustness: bool, sets: tuple[str, ...]) -> None:
     """Simulate every algorithm of SCENARIO and compare them."""
-    from .analysis.report import print_report, write_json, write_traces
-    from .engine import simulate
-    from .spec import load_scenario
+    from .analysis.report import print_report
+    from .api import load, simulate
 
-    for a in algorithms:
-        if not a.strip():
-            raise SpecError("--algorithm: an empty name; give an algorithm's name or label")
     check_output(json_path, "--json")
     check_output(trace_dir, "--trace", folder=True)
     overrides = parse_sets(sets)
     if seed is not None:
         overrides["seed"] = seed
-    scn = load_scenario(scenario, overrides, profile=profile)
-    out, spans = simulate(scn, algorithms=list(algorithms) or None, trace=bool(trace_dir),
-                          trace_steps=trace_steps)
+    scn = load(scenario, overrides, profile=profile)
+    res = simulate(scn, list(algorithms) or None, robustness=robustness,
+                   trace=bool(trace_dir), trace_steps=trace_steps)
+    out = res.to_dict()
     if not quiet:
         print_report(out)
         if not profile:  # how sure: the published validation's claim and envelope
@@ -134,27 +131,22 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
                 click.echo(line)
             if how_sure and not robustness:
                 click.echo("  --robustness: does the winner hold under the model's known errors?")
-    if profile:  # where the scenario leaves the calibration's samples (issue 18)
+    if profile:  # where the scenario leaves the calibration's samples
         from .calibration.extrapolation import for_run
 
         for line in for_run(scn, profile, out, list(algorithms) or None):
             click.echo(line)
-    if robustness:
+    if robustness and not quiet:
         from rich.console import Console
 
         from .analysis.robustness import print_robustness
-        from .analysis.robustness import robustness as robust
 
-        res = robust(scenario, overrides, out, profile=profile,
-                     algorithms=list(algorithms) or None, loaded=scn)
-        out = {**out, "robustness": res}
-        if not quiet:
-            print_robustness(res, Console())
+        print_robustness(out["robustness"], Console())
     if json_path:
-        write_json(json_path, out)
+        res.write_json(json_path)
         click.echo(f"wrote {json_path}")
     if trace_dir:
-        for p in write_traces(trace_dir, out, spans):
+        for p in res.write_traces(trace_dir):
             click.echo(f"wrote {p}")
 
 
@@ -268,7 +260,7 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
         params = ", ".join(f"{k} {v['value']:.4g} {v['unit']} [{v['ci95'][0]:.3g}, "
                            f"{v['ci95'][1]:.3g}]" for k, v in f["params"].items())
         click.echo(f"{kind}: n={f['n']}, rms rel error {f['rms_rel_error']:.1%}: {params}")
-        for k, v in f.get("not_used", {}).items():  # the scenario's value stands (issue 18)
+        for k, v in f.get("not_used", {}).items():  # the scenario's value stands
             click.echo(f"  not used: {k} ({v['reason']}); kept: {v['kept']}")
     for k, g in rep.get("nccl_tests", {}).get("groups", {}).items():  # nccl-tests outputs
         click.echo(f"nccl-tests {k}: n={g['n']}, median |busbw error| "
@@ -396,45 +388,26 @@ def collective(scenario: str, op: str, nodes: int | None, gpus_per_node: int | N
                sets: tuple[str, ...]) -> None:
     """Print an nccl-tests-style table (size, time, algbw, busbw, NCCL's algorithm/protocol)
     from NCCL's own tuning model for the scenario's cluster."""
-    from .collectives.table import collective_table, sizes
-    from .spec import load_scenario
+    from .api import byte_range, load
+    from .api import collective as collective_table
 
-    def nbytes(text: str) -> int:
-        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
-        try:
-            n = int(float(text.rstrip("KMGkmg")) * mult)
-        except (ValueError, OverflowError):  # OverflowError: 1e400 is an infinity
-            raise SpecError(f"--min-bytes/--max-bytes: expected a size like 1M, got {text!r}")\
-                from None
-        if not 1 <= n <= 2**50:
-            raise SpecError(f"--min-bytes/--max-bytes: {text!r} is {n:,} bytes; expected 1 B "
-                            "to 1 PiB")
-        return n
-
-    lo, hi = nbytes(min_bytes), nbytes(max_bytes)
-    if lo > hi:  # before: an empty table, exit 0
-        raise SpecError(f"--min-bytes {min_bytes} ({lo:,} B) is above --max-bytes {max_bytes} "
-                        f"({hi:,} B)")
-    scn = load_scenario(scenario, parse_sets(sets), profile=profile)
-    n_nodes = nodes or scn.cluster.nodes
-    q = gpus_per_node or scn.cluster.node.gpus
-    if n_nodes > scn.cluster.nodes or q > scn.cluster.node.gpus or n_nodes < 1 or q < 1:
-        raise SpecError(f"collective: {n_nodes} nodes x {q} GPUs does not fit the cluster's "
-                        f"{scn.cluster.nodes} x {scn.cluster.node.gpus}")
-    rows = collective_table(scn, op, n_nodes * q, n_nodes, sizes(lo, hi))
-    click.echo(f"# {op} over {n_nodes * q} GPUs ({n_nodes} nodes x {q}), NCCL "
-               f"{scn.runtime.comm.nccl_version} model, {scn.cluster.name}")
+    byte_range(min_bytes, max_bytes)  # a malformed size is refused before the scenario loads
+    table = collective_table(load(scenario, parse_sets(sets), profile=profile), op,
+                             nodes=nodes, gpus_per_node=gpus_per_node, min_bytes=min_bytes,
+                             max_bytes=max_bytes)
+    click.echo(f"# {op} over {table.ranks} GPUs ({table.nodes} nodes x {table.gpus_per_node}), "
+               f"NCCL {table.nccl_version} model, {table.cluster}")
     click.echo(f"#{'size':>14} {'time':>10} {'algbw':>8} {'busbw':>8}  algorithm")
     click.echo(f"#{'(B)':>14} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
-    for r in rows:
-        click.echo(f"{r['size_bytes']:>15} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.2f} "
-                   f"{r['busbw_GBps']:>8.2f}  {r['algorithm']}/{r['protocol']}")
+    for r in table.rows:
+        click.echo(f"{r.size_bytes:>15} {r.time_us:>10.1f} {r.algbw_GBps:>8.2f} "
+                   f"{r.busbw_GBps:>8.2f}  {r.algorithm}/{r.protocol}")
 
 
-# --- sweeps, plots and figures (issue 6; owned by the sweeps/plots work, keep this block last) ---
+# --- sweeps, plots and figures: commands of their own modules (keep this block last) ---
+from .commands.sweep import sweep_command  # noqa: E402
 from .figures import figures_command  # noqa: E402
 from .plots.cli import plot_command  # noqa: E402
-from .sweep import sweep_command  # noqa: E402
 
 main.add_command(sweep_command)
 main.add_command(plot_command)

@@ -18,6 +18,7 @@ The magnitudes are read from the published validation when this runs, so they fo
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,9 +140,11 @@ def _row(name: str, why: str, out: dict[str, Any]) -> dict[str, Any]:
 
 def robustness(scenario: str | Path, overrides: dict[str, Any] | None, out: dict[str, Any], *,
                profile: str | None = None, algorithms: list[str] | None = None,
-               folder: Path = DEFAULT_DIR, loaded: Scenario | None = None) -> dict[str, Any]:
+               folder: Path = DEFAULT_DIR, loaded: Scenario | None = None,
+               reload: Callable[[dict[str, Any]], Scenario] | None = None) -> dict[str, Any]:
     """`out` (the scenario as given, already simulated; `loaded`: it as loaded, if at hand) and
-    every perturbation simulated."""
+    every perturbation simulated. `reload(overrides)`: the scenario loaded again with more
+    overrides (default: `scenario`'s file with `overrides` and `profile`)."""
     from ..engine import simulate
     from ..spec import load_scenario
 
@@ -156,7 +159,8 @@ def robustness(scenario: str | Path, overrides: dict[str, Any] | None, out: dict
     rows = [_row("as given", "", out)]
     for p in perturbations(base, published_error_sizes(folder)):
         try:
-            scn = load_scenario(scenario, {**(overrides or {}), **p.overrides}, profile=profile)
+            scn = (reload(p.overrides) if reload is not None else
+                   load_scenario(scenario, {**(overrides or {}), **p.overrides}, profile=profile))
         except SpecError as exc:  # a perturbation the scenario's own limits refuse
             raise SpecError(f"--robustness: {p.name}: {exc}") from None
         res, _ = simulate(scn, algorithms=algorithms)

@@ -1,4 +1,4 @@
-"""`simfed sweep`: the command and its summary table."""
+"""`simfed sweep`: the command and its summary table, over `simfed.api.sweep`."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from typing import Any
 
 import click
 
+from ..api import sweep
 from ..spec import SpecError
 from ..spec.overrides import parse_sets
-from .executors import EXECUTORS
-from .grid import SweepSpec, parse_vary
-from .output import write_outputs
-from .runner import SweepResult, run_sweep
-from .sweepfile import is_sweep_file, load_sweep_file
+from ..spec.paths import check_output
+from ..sweep.executors import EXECUTORS
+from ..sweep.grid import parse_vary
+from ..sweep.runner import SweepResult
+from ..sweep.sweepfile import is_sweep_file, load_sweep_file
 
 
 def _fmt_s(t: float) -> str:
@@ -114,30 +115,22 @@ def sweep_command(scenario: str, varies: tuple[str, ...], sets: tuple[str, ...],
         raise SpecError(f"--jobs: must be >= 1, got {jobs}")
     if not Path(scenario).exists():
         raise SpecError(f"file not found: {scenario}")
-    if is_sweep_file(scenario):
-        spec = load_sweep_file(scenario)
-    else:
-        spec = SweepSpec(scenario=scenario, name=Path(scenario).stem)
-    spec = SweepSpec(
-        scenario=spec.scenario, name=name or spec.name,
-        sets={**spec.sets, **parse_sets(sets)},
-        axes=spec.axes + tuple(parse_vary(v) for v in varies),
-        algorithms=tuple(algorithms) or spec.algorithms,
-    )
-    if not spec.axes:
+    file = load_sweep_file(scenario) if is_sweep_file(scenario) else None
+    axes = [parse_vary(v) for v in varies]
+    if not axes and not (file and file.axes):
         raise SpecError("nothing to vary: give --vary KEY=V1,V2,... (or a sweep file)")
     if not (csv_path or json_path):
-        base = Path(out_dir or "results/sweeps") / spec.name
+        base = Path(out_dir or "results/sweeps") / (name or (file.name if file else
+                                                             Path(scenario).stem))
         csv_path, json_path = f"{base}.csv", f"{base}.json"
     elif out_dir:
         raise SpecError("give either --out DIR or --csv/--json files, not both")
-    from ..spec.paths import check_output
-
     check_output(out_dir, "--out", folder=True)  # before the sweep runs
     check_output(csv_path, "--csv")
     check_output(json_path, "--json")
-    result = run_sweep(spec, executor=executor, jobs=jobs, address=address, progress=not quiet)
-    written = write_outputs(result, csv_path=csv_path, json_path=json_path)
+    result = sweep(scenario, axes, parse_sets(sets), algorithms=tuple(algorithms), name=name,
+                   executor=executor, jobs=jobs, address=address, progress=not quiet)
+    written = result.write(csv=csv_path, json=json_path)
     if not quiet:
         print_summary(result)
     c = result.counts()

@@ -35,14 +35,14 @@ any executor and any number of workers. Workers must see the scenario files at t
 Modules, one concern each: grid (axes and the value grammar), sweepfile (the sweep-file
 format), check (keys and algorithms before a run), point (one point in a worker), executors
 (local, Dask, Ray), runner (run_sweep and the progress bar), output (CSV/JSON written and read
-back), command (`simfed sweep`).
+back; the CSV holds scalar fields only, arrays stay in the JSON). The Python entry point is
+`simfed.sweep` (simfed.api); the command, `simfed sweep`, is simfed.commands.sweep.
 """
 
-from .check import check_key, prepare, select_algorithms
-from .command import print_summary, sweep_command
+from .check import check_key, prepare, scenario_data, select_algorithms
 from .executors import EXECUTORS, Executor, Task, default_jobs
 from .grid import MAX_POINTS, Axis, SweepSpec, parse_values, parse_vary
-from .output import flatten, read_rows, to_csv, to_json, write_outputs
+from .output import flatten, read_rows, scalar_columns, to_csv, to_json, write_outputs
 from .point import STATUSES, run_point
 from .runner import SweepResult, run_sweep
 from .sweepfile import SWEEP_KEY, is_sweep_file, load_sweep_file
@@ -50,7 +50,7 @@ from .sweepfile import SWEEP_KEY, is_sweep_file, load_sweep_file
 __all__ = [
     "EXECUTORS", "MAX_POINTS", "STATUSES", "SWEEP_KEY", "Axis", "Executor", "SweepResult",
     "SweepSpec", "Task", "check_key", "default_jobs", "flatten", "is_sweep_file",
-    "load_sweep_file", "parse_values", "parse_vary", "prepare", "print_summary", "read_rows",
-    "run_point", "run_sweep", "select_algorithms", "sweep_command", "to_csv", "to_json",
+    "load_sweep_file", "parse_values", "parse_vary", "prepare", "read_rows", "run_point",
+    "run_sweep", "scalar_columns", "scenario_data", "select_algorithms", "to_csv", "to_json",
     "write_outputs",
 ]

@@ -68,6 +68,21 @@ def select_algorithms(data: Mapping[str, Any], wanted: Sequence[str]) -> list[di
     return out
 
 
+def scenario_data(scenario: str | Mapping[str, Any],
+                  overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The scenario as plain data with the overrides applied (not validated): read from its
+    file (includes resolved), or a copy of data whose includes are resolved already."""
+    from ..spec import load_scenario_data
+    from ..spec.overrides import set_dotted
+
+    if not isinstance(scenario, Mapping):
+        return load_scenario_data(scenario, overrides)
+    data = copy.deepcopy(dict(scenario))
+    for key, value in (overrides or {}).items():
+        set_dotted(data, key, value)
+    return data
+
+
 def algorithm_ident(item: Mapping[str, Any]) -> str:
     return str(item.get("label") or item.get("name"))
 
@@ -75,7 +90,6 @@ def algorithm_ident(item: Mapping[str, Any]) -> str:
 def prepare(spec: SweepSpec) -> tuple[list[str], list[dict[str, Any]]]:
     """Check keys and algorithms against the scenario; return the algorithm identifiers (label
     or name) and the list of points. Raises SpecError on a mistake in the sweep itself."""
-    from ..spec import load_scenario_data
     from ..spec.overrides import set_dotted
 
     keys = spec.param_keys
@@ -87,7 +101,7 @@ def prepare(spec: SweepSpec) -> tuple[list[str], list[dict[str, Any]]]:
     n = math.prod(len(ax.values) for ax in spec.axes) if spec.axes else 1
     if n > MAX_POINTS:
         raise SpecError(f"the grid has {n:,} points (at most {MAX_POINTS:,})")
-    base = load_scenario_data(spec.scenario, spec.sets)
+    base = scenario_data(spec.scenario, spec.sets)
     chosen = select_algorithms(base, spec.algorithms)
     idents = [algorithm_ident(it) for it in chosen]
     if len(set(idents)) != len(idents):

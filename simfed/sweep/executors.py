@@ -10,7 +10,8 @@ from typing import Any
 
 from ..spec import SpecError
 
-Task = tuple[str, dict[str, Any], tuple[str, ...]]
+# (scenario file or its data, overrides, algorithms)
+Task = tuple["str | dict[str, Any]", dict[str, Any], tuple[str, ...]]
 Executor = Callable[[Callable[..., Any], list[Task], int, "str | None"], Iterator[tuple[int, Any]]]
 
 

@@ -37,7 +37,8 @@ class Axis(FrozenModel):
 class SweepSpec(FrozenModel):
     """A sweep: the scenario file, fixed overrides, the grid axes and the algorithms."""
 
-    scenario: str = Field(description="the scenario file to vary")
+    scenario: str | dict[str, Any] = Field(
+        description="the scenario file to vary, or its data (includes resolved)")
     name: str = Field("", description="names the output files and titles")
     sets: dict[str, Any] = Field(default_factory=dict,
                                  description="fixed overrides (dotted key: value) at every point")

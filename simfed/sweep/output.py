@@ -38,9 +38,18 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def scalar_columns(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's scalar fields as dotted columns: arrays (step times, [p10, p90] intervals, loss
+    curves) are left out; they stay in the JSON. The point's `params` are kept whatever their
+    values (they name the point)."""
+    return {k: v for k, v in flatten(row).items()
+            if k.startswith("params.") or not isinstance(v, (list, tuple))}
+
+
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line per row; columns: the union of flattened keys in first-seen order."""
-    flat = [flatten(r) for r in rows]
+    """One line per row; columns: the union of the rows' scalar columns in first-seen order
+    (`scalar_columns`)."""
+    flat = [scalar_columns(r) for r in rows]
     columns: dict[str, None] = {}
     for f in flat:
         columns.update(dict.fromkeys(f))

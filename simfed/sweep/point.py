@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..spec import SpecError
-from .check import algorithm_ident, select_algorithms
+from .check import algorithm_ident, scenario_data, select_algorithms
 
 STATUSES = ("ok", "does_not_fit", "invalid", "error")
 
@@ -32,7 +32,7 @@ def _failed(item: Mapping[str, Any] | str, status: str, error: str) -> dict[str,
     return {"status": status, "error": error, "name": name, "label": label}
 
 
-def run_point(scenario: str, overrides: Mapping[str, Any],
+def run_point(scenario: str | Mapping[str, Any], overrides: Mapping[str, Any],
               algorithms: Sequence[str]) -> list[dict[str, Any]]:
     """Simulate one grid point; one dict per algorithm (in `algorithms` order), never raising.
 
@@ -50,32 +50,33 @@ def run_point(scenario: str, overrides: Mapping[str, Any],
 _ALONE = re.compile(r"^<top level>: algorithms\[0\] \([^)]*\): ")
 
 
-def _run_point(scenario: str, overrides: Mapping[str, Any],
+def _run_point(scenario: str | Mapping[str, Any], overrides: Mapping[str, Any],
                algorithms: Sequence[str]) -> list[dict[str, Any]]:
     from ..engine import simulate
-    from ..spec import load_scenario_data, scenario_from_dict
+    from ..spec import scenario_from_dict
 
+    where = scenario if isinstance(scenario, str) else "<dict>"
     try:
-        data = load_scenario_data(scenario, overrides)
+        data = scenario_data(scenario, overrides)
         items = select_algorithms(data, algorithms)
     except SpecError as exc:
         return [_failed(a, "invalid", str(exc)) for a in algorithms]
     errors: dict[int, str] = {}
     try:
-        scn = scenario_from_dict({**data, "algorithms": items}, where=scenario)
+        scn = scenario_from_dict({**data, "algorithms": items}, where=where)
         valid = list(range(len(items)))
     except SpecError:
         valid = []
         for i, it in enumerate(items):  # which algorithms are impossible here, and why
             try:
-                scenario_from_dict({**data, "algorithms": [it]}, where=scenario)
+                scenario_from_dict({**data, "algorithms": [it]}, where=where)
                 valid.append(i)
             except SpecError as exc:
                 errors[i] = _ALONE.sub("", str(exc))
         if not valid:
             return [_failed(it, "invalid", errors[i]) for i, it in enumerate(items)]
         scn = scenario_from_dict({**data, "algorithms": [items[i] for i in valid]},
-                                 where=scenario)
+                                 where=where)
     out, _ = simulate(scn)
     results = dict(zip(valid, out["algorithms"], strict=True))
     context = {k: out[k] for k in ("scenario", "cluster", "model", "tokens_per_step")}

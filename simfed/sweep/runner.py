@@ -17,7 +17,11 @@ from .point import STATUSES, json_safe, run_point
 
 @dataclass
 class SweepResult:
-    """Rows (point, then algorithm order) and the sweep's description; wall time not saved."""
+    """Rows (point, then algorithm order) and the sweep's description; wall time not saved.
+
+    A row holds the point (`point`, `params`: the varied keys' values), `status` (ok,
+    does_not_fit, invalid, error), `error`, the scenario context and every field of the
+    algorithm in `simfed run --json`."""
 
     meta: dict[str, Any]
     rows: list[dict[str, Any]]
@@ -26,6 +30,35 @@ class SweepResult:
     def counts(self) -> dict[str, int]:
         return {s: sum(r["status"] == s for r in self.rows) for s in STATUSES}
 
+    def to_csv(self) -> str:
+        """One line per row, scalar fields as dotted columns; arrays stay in the JSON."""
+        from .output import to_csv
+
+        return to_csv(self.rows)
+
+    def to_json(self) -> str:
+        """The sweep's description and every row, arrays included."""
+        from .output import to_json
+
+        return to_json(self)
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame with the CSV's columns (needs pandas)."""
+        from .output import scalar_columns
+
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("to_frame() needs pandas: pip install 'simfed[frames]'") from None
+        return pd.DataFrame([scalar_columns(r) for r in self.rows])
+
+    def write(self, *, csv: str | Path | None = None, json: str | Path | None = None
+              ) -> list[Path]:
+        """Write the CSV and/or the JSON (atomically); returns the paths written."""
+        from .output import write_outputs
+
+        return write_outputs(self, csv_path=csv, json_path=json)
+
 
 def run_sweep(spec: SweepSpec, *, executor: str = "local", jobs: int | None = None,
               address: str | None = None, progress: bool = True) -> SweepResult:
@@ -33,7 +66,8 @@ def run_sweep(spec: SweepSpec, *, executor: str = "local", jobs: int | None = No
     if executor not in EXECUTORS:
         raise SpecError(f"executor {executor!r}: valid executors are {', '.join(EXECUTORS)}")
     idents, points = prepare(spec)
-    scenario = str(Path(spec.scenario).resolve())
+    scenario = (spec.scenario if isinstance(spec.scenario, dict)
+                else str(Path(spec.scenario).resolve()))
     tasks: list[Task] = [(scenario, {**spec.sets, **p}, tuple(idents)) for p in points]
     jobs = max(1, min(jobs or default_jobs(), len(tasks)))
     results: list[list[dict[str, Any]] | None] = [None] * len(tasks)
@@ -51,8 +85,9 @@ def run_sweep(spec: SweepSpec, *, executor: str = "local", jobs: int | None = No
         for r in res:
             rows.append({"point": i, "params": point, **r})
     meta = {
-        "name": spec.name or Path(spec.scenario).stem,
-        "scenario": _display_path(spec.scenario),
+        "name": _name(spec),
+        "scenario": (_display_path(spec.scenario) if isinstance(spec.scenario, str)
+                     else "<dict>"),
         "set": dict(spec.sets),
         "axes": [{"keys": list(ax.keys), "values": [list(v) for v in ax.values]}
                  for ax in spec.axes],
@@ -62,6 +97,12 @@ def run_sweep(spec: SweepSpec, *, executor: str = "local", jobs: int | None = No
         "rows": len(rows),
     }
     return SweepResult(meta=json_safe(meta), rows=rows, wall_s=wall_s)
+
+
+def _name(spec: SweepSpec) -> str:
+    if spec.name:
+        return spec.name
+    return Path(spec.scenario).stem if isinstance(spec.scenario, str) else "sweep"
 
 
 def _display_path(path: str) -> str:
@@ -86,7 +127,7 @@ def _run_with_progress(stream: Iterator[tuple[int, Any]], results: list[Any], sp
     )
 
     console = Console(stderr=True)
-    name = spec.name or Path(spec.scenario).stem
+    name = _name(spec)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("points"), TimeElapsedColumn(), TextColumn("eta"),
                TimeRemainingColumn(), TextColumn("{task.fields[bad]}"))
