@@ -32,8 +32,12 @@ from .model import Llama
 def shard_model(model: Llama, mesh: DeviceMesh, algo: AlgorithmSpec) -> dict[str, Any]:
     """Wrap `model` in place; returns the settings used (for the trace meta and summary)."""
     blocks: list[FSDPModule] = []
-    for block in model.layers:
-        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    last = len(model.layers) - 1
+    for i, block in enumerate(model.layers):
+        # reshard_last_layer_after_forward false: torchtitan's wrap policy (apply_fsdp at
+        # eef8bb2), the last block stays unsharded until its backward
+        keep = i == last and not algo.reshard_last_layer_after_forward
+        fully_shard(block, mesh=mesh, reshard_after_forward=not keep)
         blocks.append(block)  # type: ignore[arg-type]
     # the root unit (embedding, norm, head): kept unsharded from forward to backward as FSDP1
     # does, unless the scenario asks to reshard it (then backward all-gathers it again)
@@ -52,5 +56,6 @@ def shard_model(model: Llama, mesh: DeviceMesh, algo: AlgorithmSpec) -> dict[str
         "backward_prefetch": backward,
         "fsdp2_backward_prefetch": "none" if backward == "none" else "pre (one block ahead)",
         "reshard_after_forward": True,
+        "reshard_last_layer_after_forward": algo.reshard_last_layer_after_forward,
         "reshard_root_after_forward": algo.reshard_root_after_forward,
     }
