@@ -31,6 +31,7 @@ class Range(NamedTuple):
     lo: float | None  # smallest allowed value other than 0 (None: no bound beyond the key's own)
     hi: float
     why: str
+    min: float | None = None  # smallest allowed value, 0 included (None: the key's own bound)
 
 
 MAX_TIME_S = 1e7  # a time in seconds (116 days): scenario keys, bench rows, realrun summaries
@@ -81,7 +82,7 @@ PATH_LIMITS: dict[str, Range] = {
                             f"{STEP_WINDOW} they are extrapolated from a window)"),
     "training.lr": Range(None, 10.0, "learning rate"),
     "training.weight_decay": Range(None, 10.0, "weight decay"),
-    "training.betas": Range(None, 0.999999, "Adam's betas are below 1"),
+    "training.betas": Range(None, 0.999999, "Adam's betas are in [0, 1)", min=0.0),
     "data.synthetic_entropy_bits": Range(None, 64.0, "bits of entropy per token"),
     "stragglers.jitter.sigma": Range(None, 1.0, "a jitter sigma above 1 makes most steps' "
                                      "compute far faster than nominal (the mean-one lognormal's "
@@ -114,6 +115,8 @@ def check(path: str, name: str, value) -> str | None:
         for v in _leaves(value):
             if v > r.hi:
                 return f"must be <= {r.hi:g}, got {v!r} ({r.why})"
+            if r.min is not None and v < r.min:
+                return f"must be >= {r.min:g}, got {v!r} ({r.why})"
             if r.lo is not None and 0 < v < r.lo:
                 return f"must be 0 or >= {r.lo:g}, got {v!r} ({r.why})"
     return None

@@ -79,7 +79,10 @@ class ComputeRuntime:
 
 @dataclass(frozen=True, kw_only=True)
 class CommRuntime:
-    collective: str = param("ring", doc="collective algorithm (registry name)")
+    collective: str = param(
+        "ring", choices=("ring", "hierarchical"),
+        doc="collective algorithm of model alpha_beta (simfed.collectives.COLLECTIVES; checked "
+        "whatever the model)")
     nvlink_efficiency: float = param(0.8, gt=0, le=1, doc="bus bandwidth / NVLink nominal")
     nic_efficiency: float = param(0.9, gt=0, le=1, doc="bus bandwidth / rail line rate")
     step_latency_us: float = param(5.0, ge=0, doc="software latency per ring step (NCCL)")
@@ -113,6 +116,21 @@ class CommRuntime:
     overlap_compute: bool = param(
         True, doc="communication runs on its own streams (GPUs); false: collectives block the "
         "rank, as gloo's do on CPU")
+    calls_per_unit: int = param(
+        1, ge=1, le=1024, doc="collective calls a unit's all-gather / reduce-scatter / "
+        "all-reduce is issued as, back to back (1: one flat buffer per unit, as FSDP; DeepSpeed "
+        "ZeRO-3 before its coalesced collectives: one per parameter tensor): each call pays the "
+        "collective's latency on its share of the bytes")
+    list_copy_us: float = param(
+        0.0, ge=0, doc="list-form collectives (torch.distributed.all_gather / reduce_scatter "
+        "with a list of one tensor per rank): ProcessGroupNCCL copies each rank's tensor out of "
+        "(into) a flat buffer, one copy_ per rank per call on the collective's stream; the cost "
+        "of one such copy (0: flat collectives, no copies). A host-side cost that grows with "
+        "the ranks of the group")
+    latency_growth: bool = param(
+        True, doc="model nccl: a ring's latency is its hops' summed (NCCL's model: it grows "
+        "with the ranks); false: every ring charged as a ring over two nodes (for measuring "
+        "what the growth costs)")
     reduce_scatter_impl: str = param(
         "reduce_scatter", choices=("reduce_scatter", "all_reduce"),
         doc="gloo implements reduce-scatter as a full all-reduce of the input")
@@ -152,6 +170,10 @@ class HostRuntime:
     sync_per_phase: bool = param(
         True, doc="host waits for the GPU at each phase boundary (per-phase timers)"
     )
+    sync_per_collective: bool = param(
+        False, doc="host waits for every GPU op it issued before it issues a collective "
+        "(torch.cuda.synchronize() before each all-gather call, as DeepSpeed ZeRO-3's "
+        "_allgather_param did in 2021): no host run-ahead past a collective")
     step_overhead_ms: float = param(0.0, ge=0, doc="per-step host work (data, logging): Other")
 
 

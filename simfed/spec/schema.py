@@ -186,10 +186,11 @@ def _spec_type(tp: Any, path: str, checks: tuple = ()) -> Any:
     origin, args = get_origin(tp), get_args(tp)
     if origin is Annotated:
         return _spec_type(args[0], path, (*tp.__metadata__, *checks))
-    if origin is Literal:
+    if origin is Literal:  # choices: a value of the choices' type (true is not the choice 1)
         strings = all(isinstance(a, str) for a in args)
-        return Annotated[(tp, *checks, *([BeforeValidator(_as_str)] if strings else []))] \
-            if strings or checks else tp
+        ints = all(isinstance(a, int) and not isinstance(a, bool) for a in args)
+        before = [BeforeValidator(_as_str if strings else _as_int)] if strings or ints else []
+        return Annotated[(tp, *checks, *before)] if before or checks else tp
     if origin in (Union, types.UnionType):
         union = Union[tuple(_spec_type(a, path) for a in args)]  # noqa: UP007
         return Annotated[(union, *checks)] if checks else union
