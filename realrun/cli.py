@@ -5,29 +5,94 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from simfed.spec import SpecError
+from simfed.spec.messages import internal_error_line, one_line, shown
 from simfed.spec.overrides import parse_sets
 from simfed.spec.paths import check_output
 
-from .errors import EXIT_BAD_INPUT, RealrunError
+from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, RealrunError
 
 
 class _Group(click.Group):
-    """Bad input (SpecError, RealrunError) becomes one line and exit status 2."""
+    """simfed's error contract: bad input (SpecError, RealrunError) or a file that cannot be
+    read or written is one line and exit status 2 (long values cut); anything else is a fault
+    of realrun: one line naming a log file with the traceback, exit status EXIT_INTERNAL (4:
+    realrun's 3 is a rank that lost its peers), never a raw traceback."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except (SpecError, RealrunError) as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
+        except (click.exceptions.ClickException, click.exceptions.Exit,
+                click.exceptions.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
         except OSError as exc:  # the file system: a full disk, a path that went away
             name = f" {exc.filename}" if exc.filename else ""
-            click.echo(f"error: cannot access{name}: {exc.strerror or exc}", err=True)
+            click.echo(one_line(f"error: cannot access{name}: {exc.strerror or exc}"), err=True)
             sys.exit(EXIT_BAD_INPUT)
+        except Exception as exc:  # RecursionError and MemoryError included
+            click.echo(internal_error_line("realrun", exc, sys.argv[1:]), err=True)
+            sys.exit(EXIT_INTERNAL)
+
+
+# the emulator's cost (`realrun converge`), checked before anything is allocated. Measured with
+# scenarios/convergence-tiny.yaml on one core of a shared 2-core host: 128 FL groups x 108,864
+# parameters with 16,384 tokens per step peaked at 2.1 GB, 1,024 groups with 131,072 tokens at
+# 11.7 GB; about 5 GFLOP/s (6 x parameters x tokens per step).
+MAX_CONVERGE_BYTES = 16 * 2**30  # the estimate below (the study's largest run: 6.3 GiB by it)
+MAX_CONVERGE_FLOPS = 1e15  # about two days at 5 GFLOP/s (the study's longest run: 4e13)
+
+
+def converge_cost(sc: Any, algo: Any) -> tuple[int, int, float]:
+    """(groups, estimated bytes, FLOPs) of emulating `algo` of `sc`: 20 bytes per parameter
+    per group (fp32 parameters, gradients, Adam's two moments, the FedAvg mean) and 16 bytes
+    per activation value of the step's tokens (layers x (16 hidden + 4 ffn + 3 heads x seq_len)
+    + 4 vocab values a token: the model's tensors, x 4 for autograd and vmap as measured)."""
+    m, t = sc.model, sc.training
+    plan = algo.plan(sc.cluster)
+    tokens = plan.world * t.micro_batch * t.seq_len
+    per_token = m.layers * (16 * m.hidden + 4 * m.ffn_hidden + 3 * m.heads * t.seq_len) \
+        + 4 * m.vocab
+    nbytes = 20 * plan.groups * m.total_params + 16 * tokens * per_token
+    return plan.groups, nbytes, 6.0 * m.total_params * tokens * t.steps
+
+
+def check_converge_cost(sc: Any, algos: list[Any]) -> None:
+    """A RealrunError naming the limit when emulating `algos` would not fit or not end."""
+    for a in algos:
+        groups, nbytes, flops = converge_cost(sc, a)
+        what = (f"{a.display}: {groups:,} group{'' if groups == 1 else 's'} x "
+                f"{sc.model.total_params:,} parameters, {sc.training.steps:,} steps")
+        if nbytes > MAX_CONVERGE_BYTES:
+            raise RealrunError(f"{what} need about {nbytes / 2**30:,.1f} GiB in the emulator; "
+                               f"the limit is {MAX_CONVERGE_BYTES / 2**30:.0f} GiB (fewer "
+                               "cluster.nodes or a smaller model)")
+        if flops > MAX_CONVERGE_FLOPS:
+            raise RealrunError(f"{what} are {flops:.2g} FLOPs; the limit is "
+                               f"{MAX_CONVERGE_FLOPS:.0e} (about two days at the emulator's "
+                               "5 GFLOP/s; fewer steps)")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds A,B,...`: integers 0 .. 2^63 - 1 (torch's seed range)."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise RealrunError(f"--seeds {shown(text)}: expected integers separated by commas") \
+            from None
+    for s in seeds:
+        if not 0 <= s < 2**63:
+            raise RealrunError(f"--seeds: {s} is not a seed (0 to 2^63 - 1)")
+    return seeds
 
 
 @click.group(cls=_Group)
@@ -105,15 +170,14 @@ def converge_command(scenario: str, algorithm: str, seeds: str, eval_every: int,
 
     if eval_every < 0:
         raise RealrunError(f"--eval-every: must be >= 0, got {eval_every}")
-    try:
-        seed_list = [int(s) for s in seeds.split(",")] if seeds else [None]
-    except ValueError:
-        raise RealrunError(f"--seeds {seeds!r}: expected integers separated by commas") from None
+    seed_list: list[int | None] = list(parse_seeds(seeds)) if seeds else [None]
     check_output(json_out, "--json")  # before any training
     sc = load_scenario(scenario, parse_sets(overrides))
+    algos = select_algorithms(sc, algorithm)
+    check_converge_cost(sc, algos)  # before anything is allocated
     corpus = load_corpus(sc, Path(scenario))
     curves = []
-    for algo in select_algorithms(sc, algorithm):
+    for algo in algos:
         for seed in seed_list:
             c = emulate(sc, algo, corpus, seed=seed, eval_every=eval_every)
             curves.append(c)
@@ -137,12 +201,15 @@ def converge_command(scenario: str, algorithm: str, seeds: str, eval_every: int,
 def converge_study_command(out: Path, only: tuple[str, ...], seeds: str, quick: bool) -> None:
     """Regenerate the convergence measurements (results/convergence/*.json) that `simfed
     calibrate --convergence` fits; an interrupted study resumes where it stopped."""
-    from .convergence_study import run_study
+    from .convergence_study import experiment, run_study
 
-    try:
-        seed_list = tuple(int(s) for s in seeds.split(","))
-    except ValueError:
-        raise RealrunError(f"--seeds {seeds!r}: expected integers separated by commas") from None
+    seed_list = tuple(parse_seeds(seeds))
+    check_output(out, "--out", folder=True)
+    for name in only:  # before anything runs; an unknown name is bad input (exit 2)
+        try:
+            experiment(name)
+        except SystemExit as exc:
+            raise RealrunError(str(exc.code).removeprefix("error: ")) from None
     for path in run_study(out, only, seed_list, quick):
         click.echo(f"wrote {path}")
 
@@ -166,6 +233,7 @@ def converge_bench_command(groups: int, steps: int) -> None:
         raise RealrunError(f"--groups must be >= 2 and --steps >= 1, got {groups}, {steps}")
     sc = load_scenario(BASE, {"cluster.nodes": groups, "training.steps": steps,
                               "training.eval_sequences": 8})
+    check_converge_cost(sc, [sc.algorithm("fsdp"), sc.algorithm("fl_fsdp")])
     corpus = load_corpus(sc, BASE)
     best = {}
     for name in ("fsdp", "fl_fsdp", "fsdp", "fl_fsdp"):

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .spec import SpecError
+from .spec.messages import internal_error_line, one_line
 from .spec.overrides import parse_sets
 from .spec.paths import check_output, write_text_atomic
 
@@ -18,22 +19,7 @@ INTERNAL_ERROR = 3
 
 def _internal_error(exc: BaseException) -> None:
     """One line on stderr naming a log file that holds the traceback; exit INTERNAL_ERROR."""
-    import tempfile
-    import time
-    import traceback
-
-    text = "".join(traceback.format_exception(exc))
-    first = (str(exc).splitlines() or [""])[0][:200]
-    try:
-        fd, log = tempfile.mkstemp(prefix=time.strftime("simfed-crash-%Y%m%d-%H%M%S-"),
-                                   suffix=".log")
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(f"simfed {' '.join(sys.argv[1:])}\n{text}")
-        where = f"traceback in {log}"
-    except OSError:
-        where = "no log file could be written"
-    click.echo(f"internal error (a bug in simfed, not in the input): {type(exc).__name__}: "
-               f"{first} ({where})", err=True)
+    click.echo(internal_error_line("simfed", exc, sys.argv[1:]), err=True)
     sys.exit(INTERNAL_ERROR)
 
 
@@ -60,7 +46,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except SpecError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(str(exc))}", err=True)  # long values cut
             sys.exit(2)
         except (click.exceptions.ClickException, click.exceptions.Exit,
                 click.exceptions.Abort, SystemExit):
@@ -70,7 +56,7 @@ class _Group(click.Group):
             sys.exit(130)
         except OSError as exc:  # the file system: a full disk, a path that went away
             name = f" {exc.filename}" if exc.filename else ""
-            click.echo(f"error: cannot access{name}: {exc.strerror or exc}", err=True)
+            click.echo(one_line(f"error: cannot access{name}: {exc.strerror or exc}"), err=True)
             sys.exit(2)
         except Exception as exc:  # RecursionError and MemoryError included
             _internal_error(exc)

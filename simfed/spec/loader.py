@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .messages import shown
 from .overrides import set_dotted
 from .scenario import Scenario
 from .schema import SpecError, build
@@ -52,8 +53,8 @@ def resolve_includes(data: Any, base_dir: Path, where: str = "", depth: int = 0,
     if "include" in data:
         ref = data["include"]
         key = f"{where}.include" if where else "include"
-        if not isinstance(ref, str) or not ref:
-            raise SpecError(f"{key}: expected a file path, got {ref!r}")
+        if not isinstance(ref, str) or not ref or "\x00" in ref:
+            raise SpecError(f"{key}: expected a file path, got {shown(ref)}")
         path = (base_dir / ref).resolve()
         if path in _chain:
             cycle = " -> ".join(p.name for p in (*_chain[_chain.index(path):], path))

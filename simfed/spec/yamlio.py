@@ -119,7 +119,12 @@ def parse_yaml(text: str, source: str) -> Any:
     """Parse YAML text (from `source`, named in errors) with the limits above."""
     if len(text) > MAX_FILE_BYTES:
         raise SpecError(f"{source}: {len(text):,} characters; the limit is {MAX_FILE_BYTES:,}")
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # (the reader refuses control characters here)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise SpecError(f"{source}: line {line}: invalid YAML: character #x{exc.character:04x} "
+                        f"is not allowed ({exc.reason}; a control character?)") from None
     try:
         data = loader.get_single_data()
     except yaml.YAMLError as exc:
@@ -140,6 +145,8 @@ def parse_yaml(text: str, source: str) -> Any:
 def read_text(path: Path, where: str, limit: int = MAX_FILE_BYTES) -> str:
     """A file's text: a regular file, at most `limit` bytes (configuration: MAX_FILE_BYTES;
     measurements: MAX_DATA_BYTES), UTF-8."""
+    if "\x00" in str(path):  # (os.stat would raise ValueError)
+        raise SpecError(f"{where}: a file name with a NUL character: {str(path)[:200]!r}")
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -169,7 +176,7 @@ def read_text(path: Path, where: str, limit: int = MAX_FILE_BYTES) -> str:
         raise SpecError(f"{where}: {path} is not UTF-8 text (byte {exc.start}: "
                         f"{raw[exc.start:exc.start + 1]!r})") from None
     if "\x00" in text:
-        raise SpecError(f"{where}: {path} holds a NUL character (binary data, not YAML text)")
+        raise SpecError(f"{where}: {path} holds a NUL character (binary data, not text)")
     return text
 
 

@@ -4,6 +4,7 @@ written in place, a folder, block device or socket is refused; a failed write le
 temporary file. Every command that writes a file is checked against a character device (as
 root: `mknod`), a FIFO and a symbolic link."""
 
+import contextlib
 import multiprocessing.connection  # noqa: F401 - binds os.write before a test patches it
 import os
 import select
@@ -93,10 +94,8 @@ def test_a_fifo_is_written_in_place_or_refused_without_a_reader(tmp_path):
         try:
             while len(data) < 200_000:
                 select.select([fd], [], [], 1.0)
-                try:
+                with contextlib.suppress(BlockingIOError):
                     data += os.read(fd, 65536)
-                except BlockingIOError:
-                    pass
         finally:
             os.close(fd)
             got.append(data)
@@ -117,7 +116,7 @@ def test_a_folder_and_a_socket_are_refused(tmp_path):
     s = socket.socket(socket.AF_UNIX)
     try:
         s.bind(str(sock))
-        with pytest.raises(SpecError, match="--json .*is a socket"):
+        with pytest.raises(SpecError, match=r"--json .*is a socket"):
             check_output(sock, "--json")
         with pytest.raises(SpecError, match="is a socket"):
             write_text_atomic(sock, "x")
@@ -131,7 +130,7 @@ def test_a_folder_and_a_socket_are_refused(tmp_path):
 def test_a_block_device_is_refused(tmp_path):
     blk = tmp_path / "disk"
     os.mknod(blk, 0o600 | stat.S_IFBLK, os.makedev(7, 200))  # a loop device's numbers
-    with pytest.raises(SpecError, match="--json .*block device"):
+    with pytest.raises(SpecError, match=r"--json .*block device"):
         check_output(blk, "--json")
     with pytest.raises(SpecError, match="block device"):
         write_text_atomic(blk, "x")
