@@ -54,11 +54,19 @@ SCHEDULES = ("cosine", "constant", "linear", "wsd", "wsd_linear", "two_stage", "
 OUTER = ("none", "average", "nesterov", "sgd", "sgdm", "adam")
 
 
+class _FieldError(ValueError):
+    """A check across fields that blames one field (and its value) in the one-line error."""
+
+    def __init__(self, field: str, message: str, value: Any = None) -> None:
+        super().__init__(message)
+        self.field, self.value = field, value
+
+
 def _within(value: float | None, lo: float, hi: float, what: str, lo_open: bool = False) -> None:
     if value is None:
         return
     if (value <= lo if lo_open else value < lo) or value > hi:
-        raise ValueError(f"{what} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}]")
+        raise _FieldError(what, f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}]", value)
 
 
 class _Strict(BaseModel):
@@ -78,9 +86,10 @@ class Source(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Source:
         if self.how == "figure" and self.reading_uncertainty is None:
-            raise ValueError("a value digitised from a figure needs reading_uncertainty")
+            raise _FieldError("reading_uncertainty", "a value digitised from a figure needs "
+                              "reading_uncertainty", None)
         if self.how == "file" and self.commit is None:
-            raise ValueError("a repository file needs the commit it was read at")
+            raise _FieldError("commit", "a repository file needs the commit it was read at", None)
         return self
 
 
@@ -145,33 +154,39 @@ class Run(_Strict):
     @model_validator(mode="after")
     def _physical(self) -> Run:
         if self.params is None and self.non_embedding_params is None:
-            raise ValueError("params or non_embedding_params is required")
+            raise _FieldError("params", "params or non_embedding_params is required", None)
         _within(self.params, *PARAMS_RANGE, "params")
         _within(self.non_embedding_params, *PARAMS_RANGE, "non_embedding_params")
         if self.params is not None and self.non_embedding_params is not None \
                 and self.non_embedding_params > self.params:
-            raise ValueError("non_embedding_params exceeds params")
+            raise _FieldError("non_embedding_params", f"exceeds params {self.params:g}",
+                              self.non_embedding_params)
         _within(self.tokens, *TOKENS_RANGE, "tokens")
         _within(self.batch_tokens, *BATCH_TOKENS_RANGE, "batch_tokens")
         _within(self.lr, *LR_RANGE, "lr")
         if self.final_lr is not None and self.lr is not None and self.final_lr > self.lr:
-            raise ValueError("final_lr exceeds the peak lr")
+            raise _FieldError("final_lr", f"exceeds the peak lr {self.lr:g}", self.final_lr)
         if (self.outer_optimizer == "none") != (self.sync_every == 0):
-            raise ValueError("outer_optimizer none goes with sync_every 0 and only with it")
+            raise _FieldError("sync_every", f"{self.sync_every} with outer_optimizer "
+                              f"{self.outer_optimizer!r}: outer_optimizer none goes with "
+                              "sync_every 0 and only with it", self.sync_every)
         if self.replicas > 1 and self.sync_every == 0:
-            raise ValueError("replicas > 1 need sync_every >= 1")
+            raise _FieldError("sync_every", f"replicas {self.replicas} need sync_every >= 1",
+                              self.sync_every)
         if self.outer_optimizer == "none" and (self.outer_lr or self.outer_momentum):
-            raise ValueError("outer_lr/outer_momentum without an outer optimizer")
+            raise _FieldError("outer_lr", "outer_lr/outer_momentum without an outer optimizer",
+                              self.outer_lr)
         lo, hi = {"loss": LOSS_RANGE, "perplexity": PPL_RANGE,
                   "bits_per_byte": BPB_RANGE}[self.eval_metric]
         for _step, value in self.eval:
             if not (lo < value <= hi if self.eval_metric != "perplexity" else lo <= value <= hi):
-                raise ValueError(f"{self.eval_metric} {value} outside the physical range "
-                                 f"({lo:g}, {hi:g}]")
+                raise _FieldError("eval", f"{self.eval_metric} {value} outside the physical "
+                                  f"range ({lo:g}, {hi:g}]", value)
         total = self.total_steps()
         last = [s for s, _ in self.eval if s is not None]
         if total is not None and last and last[-1] > total:
-            raise ValueError(f"evaluation step {last[-1]} is past the run's {total} steps")
+            raise _FieldError("eval", f"evaluation step {last[-1]} is past the run's {total} "
+                              "steps", last[-1])
         if self.lr_trace is not None:
             for _, lr in self.lr_trace:
                 _within(lr, 0.0, LR_RANGE[1], "lr_trace values")
@@ -222,9 +237,10 @@ class ConvergenceSource(_Strict):
     def _entries(self) -> ConvergenceSource:
         have, other = ("runs", "laws") if self.kind == "runs" else ("laws", "runs")
         if not getattr(self, have):
-            raise ValueError(f"kind {self.kind} needs a non-empty {have} list")
+            raise _FieldError(have, f"kind {self.kind} needs a non-empty {have} list",
+                              getattr(self, have))
         if getattr(self, other):
-            raise ValueError(f"kind {self.kind} has no {other}")
+            raise _FieldError(other, f"kind {self.kind} has no {other}", None)
         return self
 
     @property
@@ -257,7 +273,11 @@ def _error(path: Path, exc: ValidationError, data: dict[str, Any]) -> SpecError:
             name = None
         if name:
             where = f"{loc[0]}[{loc[1]}] ({name})" + where[len(f"{loc[0]}[{loc[1]}]"):]
-    if err["type"] == "missing":
+    blamed = (err.get("ctx") or {}).get("error")
+    if isinstance(blamed, _FieldError):
+        where = f"{where}.{blamed.field}" if where else blamed.field
+        what = str(blamed) + ("" if blamed.value is None else f", got {_cut(blamed.value)}")
+    elif err["type"] == "missing":
         what = "missing"
     elif err["type"] == "extra_forbidden":
         what = "unknown key (not in the schema)"
@@ -372,29 +392,39 @@ def split_mismatches(sources: list[ConvergenceSource]) -> list[str]:
 TESTS = ("size", "horizon", "batch", "replicas", "outer", "schedule")
 
 
-def _tests(src: ConvergenceSource) -> list[str]:
-    """What a file's runs can test: which quantities vary among its runs."""
+def _varies_within(runs: list[Run], group: Any, value: Any) -> bool:
+    """Some group of runs (same `group(run)`) has two or more distinct non-null `value(run)`."""
+    seen: dict[Any, set[Any]] = defaultdict(set)
+    for r in runs:
+        v = value(r)
+        if v is not None:
+            seen[group(r)].add(v)
+    return any(len(vals) >= 2 for vals in seen.values())
+
+
+def coverage_of(src: ConvergenceSource) -> list[str]:
+    """What a file's runs can test, from which quantities vary among them: size (two model
+    sizes), horizon (two lengths at one size, batch and sync setting), batch (two batches at one
+    size and replica setting), replicas (two replica/sync settings at one size), outer (two outer
+    optimizers among averaged runs), schedule (two schedules or learning rates at one size)."""
     if src.kind != "runs":
         return ["law"]
     runs = src.runs or []
-
-    def varies(f: Any) -> bool:
-        return len({f(r) for r in runs}) > 1
-
-    out = []
-    if varies(Run.size):
-        out.append("size")
-    if varies(lambda r: r.horizon()):
-        out.append("horizon")
-    if varies(lambda r: r.batch_tokens):
-        out.append("batch")
-    if varies(lambda r: (r.replicas, r.sync_every)):
-        out.append("replicas")
-    if varies(lambda r: r.outer_optimizer):
-        out.append("outer")
-    if varies(lambda r: (r.schedule, r.final_lr_fraction, r.lr)):
-        out.append("schedule")
-    return out
+    checks = {
+        "size": _varies_within(runs, lambda r: 0, Run.size),
+        "horizon": _varies_within(runs, lambda r: (r.size(), r.batch_tokens, r.replicas,
+                                                    r.sync_every), Run.horizon),
+        "batch": _varies_within(runs, lambda r: (r.size(), r.replicas, r.sync_every),
+                                lambda r: r.batch_tokens),
+        "replicas": _varies_within(runs, Run.size, lambda r: (r.replicas, r.sync_every)),
+        "outer": _varies_within([r for r in runs if r.outer_optimizer != "none"], lambda r: 0,
+                                lambda r: r.outer_optimizer),
+        "schedule": _varies_within(
+            runs, Run.size,
+            lambda r: None if r.schedule is None and r.lr is None
+            else (r.schedule, r.lr, r.final_lr, r.final_lr_fraction)),
+    }
+    return [t for t in TESTS if checks[t]]
 
 
 def summary_rows(sources: list[ConvergenceSource]) -> list[dict[str, Any]]:
@@ -404,7 +434,7 @@ def summary_rows(sources: list[ConvergenceSource]) -> list[dict[str, Any]]:
         count = Counter(e.split for e in src.entries())
         rows.append({"file": src.path.name if src.path else "?", "pool": src.pool,
                      "kind": src.kind, "fit": count.get("fit", 0),
-                     "check": count.get("check", 0), "tests": _tests(src),
+                     "check": count.get("check", 0), "tests": coverage_of(src),
                      "source": src.source.citation})
     return rows
 
