@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make run    install simfed and simulate the paper's 512-GPU scenario
-#   make test   install everything (torch CPU build included) and run the test suite
+#   make test   install everything (torch CPU build included), lint (ruff) and run the test suite
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -23,6 +23,7 @@ run: install
 	$(BIN)/simfed run scenarios/512gpu.yaml
 
 test: install-dev
+	$(BIN)/ruff check simfed realrun tests
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 figures: install
