@@ -16,9 +16,10 @@ PACKAGES = ("simfed", "realrun")
 MAX_MODULE_LINES = 600
 
 # simfed's layers, lowest first: a package may import its own layer's modules and those of
-# lower layers only (docs: spec <- hardware/network/collectives/compute <- engine <-
-# analysis/plots <- api <- cli). The interface the engine calls for host contention lives in
-# the engine (simfed/engine/host.py); simfed.contention implements it from below.
+# lower layers only (spec <- hardware/network/collectives/compute <- engine <- analysis/plots
+# <- api <- cli; simfed.commands holds subcommands of the cli). The interface the engine calls
+# for host contention lives in the engine (simfed/engine/host.py); simfed.contention
+# implements it from below.
 LAYERS = {
     "spec": 0,
     "hardware": 1, "memory": 1, "convergence": 1, "contention": 1,
@@ -29,7 +30,8 @@ LAYERS = {
     "plots": 6,
     "figures": 7,
     "api": 8,
-    "cli": 9,
+    "commands": 9,
+    "cli": 10,
 }
 
 

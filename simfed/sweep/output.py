@@ -7,11 +7,17 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..spec import SpecError
 from ..spec.paths import write_text_atomic
-from .runner import SweepResult
+
+
+class SweepRows(Protocol):
+    """What is written of a sweep (`runner.SweepResult`): its description and its rows."""
+
+    meta: dict[str, Any]
+    rows: list[dict[str, Any]]
 
 
 def flatten(row: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -61,12 +67,12 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def to_json(result: SweepResult) -> str:
+def to_json(result: SweepRows) -> str:
     return json.dumps({"sweep": result.meta, "rows": result.rows}, indent=1,
                       allow_nan=False) + "\n"
 
 
-def write_outputs(result: SweepResult, *, csv_path: str | Path | None = None,
+def write_outputs(result: SweepRows, *, csv_path: str | Path | None = None,
                   json_path: str | Path | None = None) -> list[Path]:
     written = []
     if csv_path:
