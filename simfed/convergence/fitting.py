@@ -54,7 +54,7 @@ def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None 
                         f"parameters; need at least {3 * int(free.sum())}")
     shapes, which, idx, meas = _prepare(runs)
     best = float(min(min(r.eval_loss) for r in runs))
-    bnd = scaling.bounds(floor_min, best)
+    bnd = scaling.bounds(floor_min, best, float(np.mean([r.eval_loss[0] for r in runs])))
     base = bnd.x0.copy()
     for k, v in fixed.items():
         base[scaling.IDX[k]] = v
@@ -128,16 +128,6 @@ def draws_with_noise(x: np.ndarray, draws: np.ndarray, residual_sd: float, n: in
     return thetas, rng.normal(0.0, residual_sd, size=(n, 1))
 
 
-def steps_to(curve: np.ndarray, target: float) -> np.ndarray:
-    """Steps (interpolated between whole steps) at which each row of `curve` first reaches
-    `target`; inf where it never does."""
-    out = np.empty(curve.shape[0])
-    steps = np.arange(curve.shape[1])
-    for j, row in enumerate(curve):
-        out[j] = crossing(steps, row, target)
-    return out
-
-
 def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
           fixed: dict[str, float] | None = None, targets: list[float] | None = None,
           draws: int = 20, samples: int = 100, seed: int = 0) -> dict[str, Any]:
@@ -158,12 +148,15 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
     rows = []
     for r in check_set:
         j = shapes.index(r.shape)
+        at = np.array(r.eval_steps)
         for tgt in targets:
-            meas = crossing(np.array(r.eval_steps), np.array(r.eval_loss), tgt)
+            meas = crossing(at, np.array(r.eval_loss), tgt)
             if not math.isfinite(meas) or meas <= 0:
                 continue
-            pred = float(steps_to(point[j], tgt)[0])
-            lo, hi = np.quantile(steps_to(band[j] + shift, tgt), BAND, method="inverted_cdf")
+            # predicted at the run's own evaluation steps, interpolated as the measurement is
+            pred = crossing(at, point[j][0, at], tgt)
+            lo, hi = np.quantile([crossing(at, row, tgt) for row in (band[j] + shift)[:, at]],
+                                 BAND, method="inverted_cdf")
             pred_v = pred if math.isfinite(pred) else float(r.shape.steps)
             rows.append({"key": r.key, "source": r.source, "seed": r.seed,
                          "target_loss": round(tgt, 4), "measured_steps": round(meas, 2),

@@ -30,6 +30,7 @@ DATA_CONSTANTS = {
     "floor_size_exponent": ("floor_size_exponent", float),
     "noise_star_tokens": ("log_noise_star", math.log),
     "noise_loss_exponent": ("noise_loss_exponent", float),
+    "unigram_loss": ("unigram_loss", float),
 }
 RULE = ("a federated run reaches the target at the step where the groups' mean model does; "
         "off a FedAvg round it pays one extra FedAvg to make that model")
@@ -132,8 +133,10 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
         cov = np.array(prof.covariance, float)
         draws = rng.multivariate_normal(x, cov, size=samples, method="eigh")
     constants = _apply_data_constants(scn, x, draws)
-    lo = np.array([-np.inf, -np.inf, -np.inf, 0, -np.inf, 1e-3, -np.inf, 0, -np.inf, 0, -np.inf])
-    draws = np.maximum(draws, lo)
+    for name, low in (("noise_loss_exponent", 0.0), ("exponent", 1e-3), ("loss_floor", 0.0),
+                      ("floor_size_exponent", 0.0), ("unigram_loss", 0.0)):
+        j = scaling.IDX[name]
+        draws[:, j] = np.maximum(draws[:, j], low)
     shift = rng.normal(0.0, prof.residual_sd, size=(samples, 1))
     floor = x[scaling.IDX["loss_floor"]]
     if target is not None and target <= floor:

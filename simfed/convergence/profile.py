@@ -84,6 +84,10 @@ class ScalingParams(FrozenModel):
     log_floor_coef: Num = Field(ge=-30, le=10)
     floor_size_exponent: Num = Field(ge=0, le=3)
     log_fl_kappa: Num = Field(ge=-20, le=20)
+    unigram_loss: Num = Field(ge=0, le=100)
+    log_unigram_scale: Num = Field(ge=-20, le=20)
+    log_escape: Num = Field(ge=-20, le=20)
+    escape_size_exponent: Num = Field(ge=-3, le=4)
 
 
 class FittedRangeV2(FrozenModel):

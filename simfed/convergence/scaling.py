@@ -2,10 +2,15 @@
 the learning rate's schedule and peak value, federation groups and period as inputs, so that a
 profile fitted at some sizes predicts another.
 
-Loss is a power law in *progress* P above a size-dependent floor (Kaplan et al. 2020, L(N, S_min)
-with the floor of Hoffmann et al. 2022's approach 3):
+Loss falls in two stages of *progress* P. First the token frequencies: from the untrained loss
+L_0 towards the data's unigram loss L_u, fast and the same at every size. Then the use of
+context: a power law above a size-dependent floor (Kaplan et al. 2020, L(N, S_min), with the
+floor of Hoffmann et al. 2022's approach 3), which starts only once the model has left the
+unigram solution, a saddle it escapes after progress P_e(N) (small models and small learning
+rates sit on that plateau for long):
 
-    L(P, N) = L_inf(N) + (L_0 - L_inf(N)) (1 + P / P_c(N))^(-alpha)
+    L = L_inf(N) + (L_u - L_inf(N)) (1 + P_2 / P_c(N))^(-alpha) + (L_0 - L_u) exp(-P / P_1)
+    P_2 = P^2 / (P + P_e(N)),   P_e(N) = P_e (N / N_0)^(-e)
     L_inf(N) = E + A (N / N_0)^(-a),   P_c(N) = P_c (N / N_0)^(-d),   N_0 = 1e6
 
 P counts steps at the noise-free optimal learning rate. One step at learning rate eta makes
@@ -37,7 +42,8 @@ coordinate and whose noisy gradients shrink the part of it along the true gradie
 - Evaluation is of the groups' mean model (as the emulator and a FedAvg round make it).
 
 Parameters (fitted, in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d,
-E, ln A, a, ln kappa. L_0 is each run's untrained loss (measured, or ln(vocab)).
+E, ln A, a, ln kappa, L_u, ln P_1, ln P_e, e. L_0 is each run's untrained loss (measured, or
+ln(vocab)).
 """
 
 from __future__ import annotations
@@ -52,7 +58,8 @@ from .runs import Shape
 N_REF = 1e6
 PARAMS = ("log_lr_star", "lr_size_exponent", "log_noise_star", "noise_loss_exponent",
           "log_progress_scale", "exponent", "progress_size_exponent", "loss_floor",
-          "log_floor_coef", "floor_size_exponent", "log_fl_kappa")
+          "log_floor_coef", "floor_size_exponent", "log_fl_kappa", "unigram_loss",
+          "log_unigram_scale", "log_escape", "escape_size_exponent")
 IDX = {p: i for i, p in enumerate(PARAMS)}
 # what each parameter means, for reports and profiles
 DESCRIBE = {
@@ -67,11 +74,15 @@ DESCRIBE = {
     "log_floor_coef": "ln A in L_inf(N) = E + A (N / 1e6)^-a",
     "floor_size_exponent": "a in L_inf(N) = E + A (N / 1e6)^-a",
     "log_fl_kappa": "ln kappa in G_eff = G^(1 / (1 + kappa ln K)): averaging's loss with K",
+    "unigram_loss": "L_u: the loss of the data's token frequencies alone (nats/token)",
+    "log_unigram_scale": "ln P_1: progress that learns the token frequencies",
+    "log_escape": "ln P_e: progress to leave the unigram solution at 1e6 params",
+    "escape_size_exponent": "e in P_e(N) = P_e (N / 1e6)^-e",
 }
 # parameters that belong to the data and tokenizer rather than to the optimizer's dynamics:
 # a scenario on other data replaces them (convergence.data_constants) and says so
 DATA_PARAMS = ("loss_floor", "log_floor_coef", "floor_size_exponent", "log_noise_star",
-               "noise_loss_exponent")
+               "noise_loss_exponent", "unigram_loss")
 
 
 @dataclass(frozen=True)
@@ -81,14 +92,18 @@ class Bounds:
     x0: np.ndarray
 
 
-def bounds(floor_min: float, best_loss: float) -> Bounds:
+def bounds(floor_min: float, best_loss: float, loss_init: float) -> Bounds:
     """Physical ranges of the parameters (the fit's box) and a starting point inside it."""
+    top = max(floor_min + 1e-3, best_loss - 1e-3)
     lo = np.array([math.log(1e-6), -1.0, math.log(1.0), 0.0, math.log(1e-3), 0.02, -2.0,
-                   floor_min, math.log(1e-4), 0.0, math.log(1e-4)])
+                   floor_min, math.log(1e-4), 0.0, math.log(1e-4), floor_min, math.log(1e-3),
+                   math.log(1e-4), -2.0])
     hi = np.array([math.log(10.0), 2.0, math.log(1e12), 12.0, math.log(1e6), 4.0, 2.0,
-                   max(floor_min + 1e-3, best_loss - 1e-3), math.log(1e2), 2.0, math.log(1e3)])
+                   top, math.log(1e2), 2.0, math.log(1e3), loss_init, math.log(1e3),
+                   math.log(1e4), 3.0])
     x0 = np.array([math.log(3e-3), 0.3, math.log(1e4), 2.0, math.log(10.0), 0.5, 0.0,
-                   floor_min + 0.5 * (best_loss - floor_min), math.log(0.3), 0.3, 0.0])
+                   floor_min + 0.5 * (best_loss - floor_min), math.log(0.3), 0.3, 0.0,
+                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(1.0), 0.5])
     return Bounds(lo, hi, np.clip(x0, lo + 1e-6, hi - 1e-6))
 
 
@@ -104,8 +119,11 @@ def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]
     pc = np.exp(col["log_progress_scale"]) * n_rel ** (-col["progress_size_exponent"])
     floor = col["loss_floor"] + np.exp(col["log_floor_coef"]) * n_rel ** (
         -col["floor_size_exponent"])
-    floor = np.minimum(floor, l0 - 1e-6)
-    span = l0 - floor
+    unigram = np.clip(col["unigram_loss"], floor, l0)
+    floor = np.minimum(floor, unigram)
+    span2, span1 = unigram - floor, l0 - unigram
+    p1 = np.exp(col["log_unigram_scale"])
+    p_esc = np.exp(col["log_escape"]) * n_rel ** (-col["escape_size_exponent"])
     alpha = col["exponent"]
     b_star, nexp = np.exp(col["log_noise_star"]), col["noise_loss_exponent"]
     kappa = np.exp(col["log_fl_kappa"])
@@ -119,6 +137,7 @@ def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]
     out = np.empty((theta.shape[0], len(shapes), most + 1))
     progress = np.zeros((theta.shape[0], len(shapes)))
     loss = np.broadcast_to(l0, progress.shape).copy()
+    loss = np.broadcast_to(loss, progress.shape).copy()
     out[:, :, 0] = loss
     for i in range(most):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
@@ -126,7 +145,9 @@ def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]
         q = s2 + (1.0 - s2) / g_eff
         x = lrs[:, i][None, :] / lr_star
         progress = np.maximum(progress + 2.0 * x * np.sqrt(s2) - x * x * q, 0.0)
-        loss = floor + span * np.power(1.0 + progress / pc, -alpha)
+        p2 = progress * progress / (progress + p_esc)
+        loss = (floor + span2 * np.power(1.0 + p2 / pc, -alpha)
+                + span1 * np.exp(-progress / p1))
         out[:, :, i + 1] = loss
     return [out[:, j, : s.steps + 1] for j, s in enumerate(shapes)]
 

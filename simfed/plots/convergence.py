@@ -13,6 +13,8 @@ from matplotlib.figure import Figure
 from ..spec import SpecError
 from .common import algorithm_color, new_figure
 
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
 
 def plot_time_to_target(out: dict[str, Any]) -> Figure:
     """`simfed run` result of a scenario with a `convergence:` section."""
@@ -33,8 +35,16 @@ def plot_time_to_target(out: dict[str, Any]) -> Figure:
                         [math.exp(v) for v in c["loss_curve_p90"][:n]], color=color, alpha=0.18,
                         linewidth=0)
         if a.get("time_to_target_s") is not None:
-            ax.plot([a["time_to_target_s"]], [conv["target_perplexity"]], marker="o",
-                    color=color)
+            # the marker is the time to target (the rule in the result's convergence.rule):
+            # where the curve crosses the target, or after the one extra FedAvg a federated
+            # run pays off a round (a dashed segment from the crossing)
+            tt, ppl = a["time_to_target_s"], conv["target_perplexity"]
+            if a.get("fedavg_to_reach_target"):
+                cross = times[a["steps_to_target"]] if a["steps_to_target"] < len(times) else tt
+                ax.plot([cross, tt], [ppl, ppl], color=color, linestyle="--", linewidth=1.2)
+            ax.plot([tt], [ppl], marker=MARKERS[i % len(MARKERS)], color=color,
+                    markersize=8 - 1.5 * (i % 3), markeredgecolor="black", markeredgewidth=0.6,
+                    linestyle="none", zorder=5)
     if conv.get("target_perplexity"):
         ax.axhline(conv["target_perplexity"], color="#555555", linestyle=":", linewidth=1,
                    label=f"target {conv['target_perplexity']:.4g}")
@@ -49,6 +59,10 @@ def plot_time_to_target(out: dict[str, Any]) -> Figure:
         if len(conv["extrapolation"]) > 1:
             title += f" (+{len(conv['extrapolation']) - 1} more)"
     ax.set_title(title, fontsize=9)
+    ax.text(0.99, 0.99, "markers: time to target" + (
+        "; dashed: the extra FedAvg a federated run pays off a round"
+        if any(a.get("fedavg_to_reach_target") for a in out["algorithms"]) else ""),
+        transform=ax.transAxes, ha="right", va="top", fontsize=7, color="#444444")
     return fig
 
 

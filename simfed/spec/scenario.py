@@ -387,7 +387,7 @@ class ConvergenceSpec:
     data_constants: dict[str, float] = param(
         None, doc="scaling: the constants of another corpus and tokenizer in place of the "
         "profile's (loss_floor, floor_coef, floor_size_exponent, noise_star_tokens, "
-        "noise_loss_exponent), each with its source in a comment; listed in the output")
+        "noise_loss_exponent, unigram_loss), each with its source in a comment; listed in the output")
     samples: int = param(200, ge=10, le=10000, doc="parameter draws for the uncertainty band")
 
     def __post_init__(self) -> None:
@@ -405,7 +405,7 @@ class ConvergenceSpec:
                 raise SpecError("convergence.data_constants: only the scaling model has data "
                                 f"constants; model is {self.model}")
             known = ("loss_floor", "floor_coef", "floor_size_exponent", "noise_star_tokens",
-                     "noise_loss_exponent")
+                     "noise_loss_exponent", "unigram_loss")
             for k, v in self.data_constants.items():
                 if k not in known:
                     raise SpecError(f"convergence.data_constants.{k}: unknown; expected one of "

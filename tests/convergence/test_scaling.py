@@ -21,7 +21,8 @@ TRUE = {"log_lr_star": math.log(4e-3), "lr_size_exponent": 0.35,
         "log_noise_star": math.log(2e4), "noise_loss_exponent": 3.0,
         "log_progress_scale": math.log(8.0), "exponent": 0.6, "progress_size_exponent": 0.2,
         "loss_floor": 1.2, "log_floor_coef": math.log(0.4), "floor_size_exponent": 0.3,
-        "log_fl_kappa": math.log(0.5)}
+        "log_fl_kappa": math.log(0.5), "unigram_loss": 3.0, "log_unigram_scale": math.log(0.5),
+        "log_escape": math.log(2.0), "escape_size_exponent": 0.8}
 X = np.array([TRUE[p] for p in scaling.PARAMS])
 L0 = 5.5
 
@@ -47,11 +48,19 @@ def test_one_step_is_the_closed_form():
     s2 = s.batch_tokens / (s.batch_tokens + bn)
     q = s2 + (1 - s2) / 8  # K = 1: G_eff = G
     dp = 2 * x * math.sqrt(s2) - x * x * q
-    n_rel = s.params / 1e6
+    assert c[2] == pytest.approx(loss_of(dp, s.params), rel=1e-12)
+
+
+def loss_of(progress: float, params: float) -> float:
+    """The model's loss at a progress, by hand."""
+    n_rel = params / 1e6
     pc = math.exp(TRUE["log_progress_scale"]) * n_rel ** -TRUE["progress_size_exponent"]
     floor = TRUE["loss_floor"] + 0.4 * n_rel ** -TRUE["floor_size_exponent"]
-    want = floor + (L0 - floor) * (1 + dp / pc) ** -TRUE["exponent"]
-    assert c[2] == pytest.approx(want, rel=1e-12)
+    pe = 2.0 * n_rel ** -TRUE["escape_size_exponent"]
+    p2 = progress**2 / (progress + pe)
+    lu = TRUE["unigram_loss"]
+    return (floor + (lu - floor) * (1 + p2 / pc) ** -TRUE["exponent"]
+            + (L0 - lu) * math.exp(-progress / 0.5))
 
 
 def test_one_group_ignores_k():
@@ -69,11 +78,7 @@ def test_optimal_lr_step_is_mccandlish_efficiency():
     lr = scaling.optimal_lr(x, 4e5) * s
     one = shape(batch_tokens=b, lr=lr, steps=2, warmup_steps=0, schedule="constant")
     c = curve(one, x)
-    n_rel = 0.4
-    pc = math.exp(TRUE["log_progress_scale"]) * n_rel ** -TRUE["progress_size_exponent"]
-    floor = TRUE["loss_floor"] + 0.4 * n_rel ** -TRUE["floor_size_exponent"]
-    progress = ((c[1] - floor) / (L0 - floor)) ** (-1 / TRUE["exponent"]) - 1
-    assert progress * pc == pytest.approx(b / (b + bn), rel=1e-9)
+    assert c[1] == pytest.approx(loss_of(b / (b + bn), 4e5), rel=1e-12)
 
 
 def test_larger_batches_and_more_groups_never_learn_slower_per_step():
