@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,6 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
     `only` (FIGURE_GROUPS); the grid settings default to the module constants."""
     from .engine import simulate
     from .plots import (
-        load_summaries,
         plot_gantt,
         plot_heatmap,
         plot_perplexity,
@@ -162,6 +162,7 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
     if unknown:
         raise SpecError(f"figures: unknown group {unknown[0]!r}; valid: {', '.join(FIGURE_GROUPS)}")
     todo = set(only or FIGURE_GROUPS)
+    inputs = _read_inputs(Path(results_dir), todo)  # all of them, before anything is written
     stem = scenario.stem
     m = _Maker(Path(out_dir), stem, dpi, svg, echo)
     given = load_scenario(scenario).runtime.host.debug_checks
@@ -258,24 +259,18 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
 
     results_dir = Path(results_dir)
     validate = results_dir / "validate.json"
-    if "validation" in todo and validate.exists():
-        from .plots.cli import _read_json
-
-        data = _read_json(str(validate))  # as `simfed plot validation` reads it
-        if not isinstance(data, dict):
-            raise SpecError(f"{validate}: expected simfed validate JSON (runs, speedups)")
+    if inputs.validate is not None:
         try:
-            fig = plot_validation(data)
+            fig = plot_validation(inputs.validate)
         except ValueError as exc:  # nothing in it to compare
             raise SpecError(f"{validate}: {exc}") from None
         m.save(fig, "validate_predicted_vs_measured")
     elif "validation" in todo:
         echo(f"note: {validate} not found: skipping predicted-vs-measured "
              "(run simfed validate --json first)")
-    summaries = sorted((results_dir / "realrun").glob("*/summary.json"))
-    if "perplexity" in todo and summaries:
+    if inputs.summaries:
         try:
-            fig = plot_perplexity(load_summaries(summaries))
+            fig = plot_perplexity(inputs.summaries)
         except ValueError as exc:  # no summary with a series to draw
             if isinstance(exc, SpecError):
                 raise
@@ -285,16 +280,46 @@ def make_figures(scenario: str | Path = "scenarios/512gpu.yaml", out_dir: str | 
         echo(f"note: no {results_dir / 'realrun'}/*/summary.json: skipping perplexity-vs-time "
              "(run realrun run first)")
     if "convergence" in todo:
-        _convergence_figures(m, scenario, results_dir, echo)
+        _convergence_figures(m, scenario, inputs.studies, echo)
     return m.written
 
 
-def _convergence_figures(m: _Maker, scenario: Path, results_dir: Path,
+@dataclass
+class _Inputs:
+    """The result files the figures draw from, read and checked before any figure is made
+    (a damaged one is refused before anything is written)."""
+
+    validate: dict[str, Any] | None = None
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    studies: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
+
+
+def _read_inputs(results_dir: Path, todo: Collection[str]) -> _Inputs:
+    from .plots import load_summaries
+    from .plots.inputs import study_for_grid
+    from .spec.jsonio import read_json
+
+    out = _Inputs()
+    validate = results_dir / "validate.json"
+    if "validation" in todo and validate.exists():
+        data = read_json(validate, "figures")  # as `simfed plot validation` reads it
+        if not isinstance(data, dict):
+            raise SpecError(f"{validate}: expected simfed validate JSON (runs, speedups)")
+        out.validate = data
+    summaries = sorted((results_dir / "realrun").glob("*/summary.json"))
+    if "perplexity" in todo and summaries:
+        out.summaries = load_summaries(summaries)
+    if "convergence" in todo:
+        out.studies = [(p, study_for_grid(p)) for p in
+                       sorted((results_dir / "convergence").glob("*.json"))]
+    return out
+
+
+def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, dict[str, Any]]],
                          echo: Callable[[str], Any]) -> None:
     """Predicted perplexity vs time for SCENARIO-time-to-target.yaml (next to the scenario),
-    and the measured FL grid of every convergence study in RESULTS/convergence."""
-    import json
-
+    and the measured FL grid of every convergence study in RESULTS/convergence (`studies`:
+    read and checked already)."""
     from .engine import simulate
     from .plots import plot_fl_grid, plot_time_to_target
     from .spec import load_scenario
@@ -305,8 +330,7 @@ def _convergence_figures(m: _Maker, scenario: Path, results_dir: Path,
         m.save(plot_time_to_target(out), f"{scenario.stem}_perplexity_vs_time_to_target")
     else:
         echo(f"note: {ttt} not found: skipping the time-to-target figure")
-    for study in sorted((results_dir / "convergence").glob("*.json")):
-        data = json.loads(study.read_text(encoding="utf-8"))
+    for study, data in studies:
         sweep = {r["batch_per_model"] for r in data.get("runs", []) if r["algorithm"] == "fsdp"}
         if len(sweep) >= 2:  # a study with a batch sweep and an FL grid to set beside it
             m.save(plot_fl_grid(data), f"convergence_{study.stem}_fl_grid")

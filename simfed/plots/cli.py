@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,22 +15,18 @@ _YAML = (".yaml", ".yml")
 
 
 def _read_json(path: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"file not found: {path}") from None
-    except json.JSONDecodeError:
-        raise SpecError(f"{path}: not JSON") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    """A JSON input of `simfed plot` (regular, bounded, strict, nested at most 64 deep)."""
+    from ..spec.jsonio import read_json
+
+    return read_json(path, "plot")
 
 
 def _rows(inputs: tuple[str, ...], where: tuple[str, ...]) -> list[dict[str, Any]]:
     from ..spec.overrides import parse_sets
-    from ..sweep import read_rows
     from .common import param
+    from .inputs import sweep_rows
 
-    rows = [r for p in inputs for r in read_rows(p)]
+    rows = [r for p in inputs for r in sweep_rows(p)]  # read and checked
     for key, value in parse_sets(where).items():
         rows = [r for r in rows if param(r, key) == value]
         if not rows:
@@ -86,9 +81,9 @@ def make_figure(kind: str, inputs: tuple[str, ...], *, x: str | None = None,
                             value=value, baseline=baseline, title=title)
     if kind == "phases":
         src = inputs[0]
-        out = _simulate(src, sets)[0] if src.endswith(_YAML) else _read_json(src)
-        if not isinstance(out, Mapping):
-            raise SpecError(f"{src}: expected simfed run --json output")
+        from .inputs import run_results
+
+        out = _simulate(src, sets)[0] if src.endswith(_YAML) else run_results(src)
         return plot_phases(out, title=title)
     if kind == "gantt":
         if len(inputs) == 1 and inputs[0].endswith(_YAML):

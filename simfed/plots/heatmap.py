@@ -85,6 +85,9 @@ def plot_heatmap(rows: Sequence[Mapping[str, Any]], *, x: str, y: str,
         status[(i, j)] = st
         v = r.get(value)
         if st in ("ok", "does_not_fit") and v is not None:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+                raise ValueError(f"row {r.get('point')} ({r.get('label') or r.get('name')}): "
+                                 f"{value} is {str(v)[:60]!r}, not a finite number")
             grid[i, j] = float(v)
     finite = grid[np.isfinite(grid)]
     fig = new_figure(1.6 + 0.85 * len(xs) + 2.0, 1.4 + 0.55 * len(ys) + 0.8)

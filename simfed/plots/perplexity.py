@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
@@ -13,6 +12,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from ..spec import SpecError
+from ..spec.jsonio import read_json
 from ..spec.limits import MAX_TIME_S
 from .common import algorithm_color, algorithm_marker, new_figure
 
@@ -23,12 +23,8 @@ def load_summaries(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     for p in map(Path, paths):
         if p.is_dir():
             p = p / "summary.json"
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise SpecError(f"file not found: {p}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise SpecError(f"{p}: not JSON (expected a realrun summary.json)") from None
+        # bounded, nested <= 64; NaN allowed: a diverged run's losses (realrun writes them)
+        data = read_json(p, "realrun summary.json", allow_nan=True)
         if not isinstance(data, dict):
             raise SpecError(f"{p}: expected a JSON object (a realrun summary.json)")
         _check_series(data, p)

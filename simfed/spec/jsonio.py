@@ -63,4 +63,4 @@ def read_json(path: str | Path, what: str, *, max_bytes: int = MAX_JSON_BYTES,
     line naming the file and the reason otherwise."""
     path = Path(path)
     text = read_text(path, what, min(max_bytes, MAX_DATA_BYTES))
-    return parse_json(text, f"{what}: {path}", max_depth=max_depth, allow_nan=allow_nan)
+    return parse_json(text, str(path), max_depth=max_depth, allow_nan=allow_nan)

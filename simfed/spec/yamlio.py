@@ -168,8 +168,8 @@ def read_text(path: Path, where: str, limit: int = MAX_FILE_BYTES) -> str:
     if len(raw) > limit:
         raise SpecError(f"{where}: {path} is larger than the limit of {limit:,} bytes")
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise SpecError(f"{where}: {path} is UTF-16 (it starts with a UTF-16 byte-order mark); "
-                        "save it as UTF-8")
+        raise SpecError(f"{where}: {path} is UTF-16, not UTF-8 (it starts with a UTF-16 "
+                        "byte-order mark); save it as UTF-8")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

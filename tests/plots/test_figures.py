@@ -88,7 +88,8 @@ def test_a_damaged_validate_json_or_summary_is_one_line(tmp_path):
         p.write_bytes(body if isinstance(body, bytes) else body.encode())
         res = _figures(results, tmp_path / "fig", "validation")
         assert res.exit_code == 2, res.output
-        assert res.output.startswith(f"error: {p}: ") and needle in res.output, res.output
+        assert res.output.startswith("error: ") and str(p) in res.output, res.output
+        assert needle in res.output and len(res.output.strip().splitlines()) == 1, res.output
     s = results / "realrun" / "a" / "summary.json"
     s.parent.mkdir(parents=True)
     for body, needle in (("{}", "no summary has step_times_s"),

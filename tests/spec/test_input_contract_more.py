@@ -110,7 +110,7 @@ def test_read_json_refuses_in_one_line(tmp_path, text, needle):
     with pytest.raises(SpecError) as exc:
         read_json(p, "figures")
     msg = str(exc.value)
-    assert msg.startswith(f"figures: {p}") and needle in msg and "\n" not in msg
+    assert msg.startswith(f"{p}: ") and needle in msg and "\n" not in msg
 
 
 def test_read_json_limits_size_and_kind(tmp_path):
