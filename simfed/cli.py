@@ -112,7 +112,7 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
         if not profile:  # how sure: the published validation's claim and envelope
             from .calibration.envelope import for_run as envelope_lines
 
-            how_sure = envelope_lines(scn)
+            how_sure = envelope_lines(scn, out=out)
             for line in how_sure:
                 click.echo(line)
             if how_sure and not robustness:

@@ -1,13 +1,21 @@
-"""`simfed run`'s "how sure" lines: the published validation's claim, and what of a scenario the
-published runs do not cover (simfed.calibration.envelope)."""
+"""`simfed run`'s "how sure" lines: the check set's claim, widened by what the check set says
+each factor the validated runs do not cover costs (simfed.calibration.envelope)."""
 
 from __future__ import annotations
 
-import yaml
+import math
+
+import pytest
 from click.testing import CliRunner
 
-from simfed.calibration.envelope import for_run, outside, published_envelope
-from simfed.calibration.published import DEFAULT_DIR, load_cases
+from simfed.calibration.envelope import (
+    for_run,
+    outside,
+    published_envelope,
+    scenario_framework,
+    widened,
+)
+from simfed.calibration.published import DEFAULT_DIR, load_cases, load_claims
 from simfed.cli import main
 from simfed.spec import load_scenario
 
@@ -17,32 +25,54 @@ def test_the_envelope_is_the_published_runs_range_and_their_claims():
     gpus = [c["gpus"] for c in load_cases()]
     assert env["ranges"]["gpus"] == [min(gpus), max(gpus)]
     assert env["cases"] == len(gpus)
-    claims = yaml.safe_load((DEFAULT_DIR / "cases.yaml").read_text())["claims"]
-    assert env["claims"] == claims
+    assert env["claims"] == load_claims()
     assert set(env["gpus_families"]) == {"A100", "H100"}
+    assert set(env["frameworks"]) == {"pytorch-fsdp1", "jax-xla", "deepspeed-zero3"}
 
 
-def test_a_published_run_lies_inside_and_the_paper_scenario_outside():
+def test_a_validated_run_gets_the_check_sets_bound():
     env = published_envelope()
     case = load_cases()[0]
-    assert outside(load_scenario(DEFAULT_DIR / case["scenario"]), env) == []
-    lines = outside(load_scenario("scenarios/512gpu.yaml"), env)
-    # 512 GPUs against at most 128 published: two doublings; the paper's debug checks and
-    # Dragonfly+ fabric no published run had
+    scn = load_scenario(DEFAULT_DIR / case["scenario"])
+    bound, factors = widened(scn, env)
+    assert factors == [] and outside(scn, env) == []
+    assert bound == env["claims"]["p90_abs_error"]
+
+
+def test_each_uncovered_factor_widens_by_the_check_sets_measure_of_it():
+    env = published_envelope()
+    w = env["claims"]["widen"]
     top = env["ranges"]["gpus"][1]
-    assert top == 128
-    assert any(x.startswith("GPUs 512 (runs: 8..128, 2.0 doublings out)") for x in lines)
+    # 16,384 GPUs: log2(16384 / top) doublings beyond the validated GPU counts; FSDP2 is a
+    # framework no validated run ran
+    scn = load_scenario("scenarios/h100-1024.yaml", {"cluster.nodes": 2048,
+                                                      "training.fsdp_version": 2})
+    assert scenario_framework(scn) == "pytorch-fsdp2"
+    bound, factors = widened(scn, env)
+
+    doublings = math.log2(16384 / top)
+    assert [t.split(" ")[0] for t, _ in factors] == ["GPUs", "framework"]
+    assert factors[0][1] == pytest.approx(doublings * w["per_gpu_doubling"])
+    assert factors[1][1] == w["framework"]
+    assert bound == pytest.approx(env["claims"]["p90_abs_error"] + sum(x for _, x in factors))
+    # memory: a run whose peak leaves less headroom than any validated run (or does not fit)
+    out = {"algorithms": [{"peak_memory_bytes": 79, "memory_capacity_bytes": 80}]}
+    one = load_scenario(DEFAULT_DIR / load_cases()[0]["scenario"])
+    bound, factors = widened(one, env, out)
+    assert [t.split(":")[0] for t, _ in factors] == ["memory headroom"]
+    assert bound == pytest.approx(env["claims"]["p90_abs_error"] + w["memory_headroom"])
+
+
+def test_other_settings_are_named_not_widened():
+    env = published_envelope()
+    lines = outside(load_scenario("scenarios/512gpu.yaml"), env)
     assert any(x.startswith("runtime.host.debug_checks detail") for x in lines)
     assert any(x.startswith("cluster.fabric.topology dragonfly_plus") for x in lines)
-
-
-def test_float8_is_flagged_as_checked_only_by_speedups():
-    scn = load_scenario("scenarios/h100-8b-float8.yaml", {"training.float8": "tensorwise"})
-    lines = outside(scn, published_envelope())
-    f8 = [x for x in lines if x.startswith("training.float8 tensorwise")]
-    assert f8 and "speedups.yaml" in f8[0]
-    # compile is in the published runs (fms-fsdp's were compiled): not flagged
-    assert not any(x.startswith("training.compile") for x in lines)
+    assert not any(x.startswith("GPUs") for x in lines)  # GPUs widen instead
+    f8 = [x for x in outside(load_scenario("scenarios/h100-8b-float8.yaml",
+                                           {"training.float8": "tensorwise"}), env)
+          if x.startswith("training.float8")]
+    assert f8 == []  # the scale studies ran float8 (MaxText, Paxml FP8)
 
 
 def test_only_the_kernel_model_without_the_repository_folder_says_nothing(tmp_path):
@@ -50,9 +80,12 @@ def test_only_the_kernel_model_without_the_repository_folder_says_nothing(tmp_pa
     assert for_run(load_scenario("scenarios/h100-1024.yaml"), tmp_path) == []
     (tmp_path / "cases.yaml").write_text("cases:\n  - {name: x}\n")  # broken: still nothing
     assert for_run(load_scenario("scenarios/h100-1024.yaml"), tmp_path) == []
-    lines = for_run(load_scenario("scenarios/h100-1024.yaml"))
-    assert lines[0].startswith("how sure: on 26 published FSDP runs")
-    assert "GPUs 1,024" in lines[1]
+    c = load_claims()
+    lines = for_run(load_scenario("scenarios/h100-1024.yaml", {"cluster.nodes": 2048}))
+    assert lines[0].startswith(f"how sure: on {c['check_cases']} held-out published runs "
+                               "(the check set)")
+    assert f"within {100 * c['p90_abs_error']:.1f}% for 9 in 10" in lines[0]
+    assert "widened for:" in lines[0] and lines[1].startswith("  GPUs 16,384")
 
 
 def test_run_prints_it_unless_quiet():
@@ -60,7 +93,7 @@ def test_run_prints_it_unless_quiet():
                                     "--set", "cluster.nodes=8", "--set", "training.steps=2"])
     assert res.exit_code == 0, res.output
     assert "how sure:" in res.output
-    assert "this scenario lies within their range" in res.output
+    assert "this scenario lies within the validated runs" in res.output
     assert "--robustness: does the winner hold" in res.output
     quiet = CliRunner().invoke(main, ["run", "scenarios/h100-1024.yaml", "-a", "fsdp", "-q",
                                       "--set", "cluster.nodes=8", "--set", "training.steps=2"])

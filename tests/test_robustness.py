@@ -22,7 +22,8 @@ def sizes():
 
 def test_the_sizes_come_from_the_published_validation(sizes):
     claims = yaml.safe_load((DEFAULT_DIR / "cases.yaml").read_text())["claims"]
-    assert sizes["compute"] == claims["worst_abs_error"]
+    # compute: the bound 9 in 10 held-out (check) published runs lie within
+    assert sizes["compute"] == claims["p90_abs_error"]
     # NCCL's model is faster than published nccl-tests inside a node at 1-64 MiB
     # (docs/collectives.md: every such row over-predicted), and off by ~11% across nodes
     assert 1.2 < sizes["nvlink"] < 1.6

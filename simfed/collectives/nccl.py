@@ -99,6 +99,9 @@ class NcclModel:
     # {op: {"algorithm/protocol": {intra|inter: ((size bytes, factor), ...)}}}: the bandwidth
     # efficiency applied to NCCL's choice (runtime.comm.nccl_bw_curve); None: NCCL's bandwidth
     bw_curve: dict | None = None
+    # false: every ring's latency as over two nodes (runtime.comm.latency_growth; to measure
+    # what the growth of latency with the ranks costs)
+    latency_growth: bool = True
 
     def ring_busbw_Bps(self, q: int, nodes: int) -> float:
         """The ring's bus bandwidth: its slowest link class (efficiencies included)."""
@@ -120,8 +123,10 @@ class NcclModel:
         intra_kind = "nvlink"
         ring_bw = self.ring_busbw_Bps(q, nodes)
         ar = op == "all_reduce"
-        nsteps = 2 * (n - 1) if ar else n - 1
-        n_inter = 0 if nodes <= 1 else (2 * (nodes - 1) if ar else nodes - 1)
+        # the ranks and nodes the latency terms count (all of them, or two nodes' worth)
+        ln, lnodes = (n, nodes) if self.latency_growth else (q * min(nodes, 2), min(nodes, 2))
+        nsteps = 2 * (ln - 1) if ar else ln - 1
+        n_inter = 0 if lnodes <= 1 else (2 * (lnodes - 1) if ar else lnodes - 1)
         ll_max = arch["ll_max_bw_GBps"] * 1e9
         if gpu_arch(self.hw.gpu_name) == "hopper" and "ll_max_bw_hopper_GBps" in c:
             ll_max = c["ll_max_bw_hopper_GBps"] * 1e9
@@ -149,7 +154,7 @@ class NcclModel:
             if "tree" in self.algorithms and ar and nodes > 1:
                 intra = hwlat[intra_kind]["tree"][pi]
                 inter = hwlat["net"]["tree"][pi]
-                lat = base["tree"][pi] + 2 * ((q - 1) * intra + math.log2(nodes) * inter)
+                lat = base["tree"][pi] + 2 * ((q - 1) * intra + math.log2(lnodes) * inter)
                 bus = min(ring_bw * 0.92, self.channels * arch["tree_per_ch_GBps"] * 1e9)
                 if proto == "LL":
                     bus = min(bus / 3.8, ll_max)
@@ -162,7 +167,7 @@ class NcclModel:
             if ("pat" in self.algorithms and c.get("pat") and not ar and q == 1
                     and nodes > 1):
                 inter = hwlat["net"]["tree"][pi]
-                lat = base["pat"][pi] + math.log2(nodes) * inter / 3.5 + 2.8 * n
+                lat = base["pat"][pi] + math.log2(lnodes) * inter / 3.5 + 2.8 * ln
                 bus = ring_bw * c["pat_bw_factor"]
                 out.append(self._choice("pat", proto, lat, bus, nbytes))
             # ---- NVLS: NVSwitch multicast (Hopper and later) ----
@@ -235,7 +240,8 @@ def nccl_model(hw: Hardware, comm) -> NcclModel:
     return NcclModel(hw=hw, version=comm.nccl_version, channels=comm.nccl_channels,
                      nvls_allreduce_gain=comm.nvls_allreduce_gain,
                      algorithms=tuple(comm.nccl_algorithms),
-                     bw_curve=getattr(comm, "nccl_bw_curve", None) or None)
+                     bw_curve=getattr(comm, "nccl_bw_curve", None) or None,
+                     latency_growth=getattr(comm, "latency_growth", True))
 
 
 def engine_cost(model: NcclModel, op: str, nbytes: float,

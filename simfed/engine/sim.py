@@ -119,6 +119,10 @@ class Simulation:
         self._private_links = self._find_private_links()
         # per process-group kind: host debug-check cost (instances of a kind have one size)
         self._check = {k: self.debug_check_s(c[0].size) for k, c in part.components.items()}
+        # per process-group kind: the host's list-form copies per collective (one per rank per
+        # call, runtime.comm.list_copy_us), issued by the thread that issues the compute
+        self._list_copies = {k: comm.calls_per_unit * c[0].size * us_to_s(comm.list_copy_us)
+                             for k, c in part.components.items()}
         # per process-group kind and component: the actors that meet at its collectives
         self._members = {k: [len(c.actors) for c in comps] for k, comps in part.components.items()}
 
@@ -201,9 +205,12 @@ class Simulation:
             e_bytes = ph.e_factor * nbytes / self.comm.bw_factor(fop, intra, ph.pair)
             latency = (us_to_s(self.comm.launch_us)
                        + ph.steps * (load.hop_latency_s + us_to_s(self.comm.step_latency_us)))
+            calls = self.comm.calls_per_unit  # issued as `calls` collectives back to back
             if nccl:  # NCCL's algorithm/protocol choice: its latency, its bandwidth
-                latency, factor = engine_cost(self._nccl_model(), run_op, nbytes, ph.instances)
+                latency, factor = engine_cost(self._nccl_model(), run_op, nbytes / calls,
+                                              ph.instances)
                 e_bytes *= factor
+            latency *= calls  # each call pays the latency
             demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
             # host work per byte (copies, reductions, the kernel's network stack): gloo does it
             # between its transfers, so it adds to the wire time
@@ -264,6 +271,7 @@ class Simulation:
     # fires its waiters.
     def _host(self, st: ActorState) -> Iterator[simpy.Event]:
         h = 0.0  # the host thread's clock: it may run ahead of the simulation clock
+        sync_all = self.host.sync_per_collective
         issued_rows, done_rows, waiters = st.issued, st.done, st.waiters
         for step in range(self.steps):
             prog = self.program(step)
@@ -275,6 +283,7 @@ class Simulation:
             st.launched.append([_INF] * n)
             done_rows.append(done)
             st.check_s.append([0.0] * n)
+            synced = 0  # ops before this one are known done (sync_per_collective)
             for op in prog.ops:
                 idx = op.idx
                 h += op.host_s
@@ -303,6 +312,15 @@ class Simulation:
                     done[idx] = h
                     continue
                 if kind is COLLECTIVE:
+                    if sync_all:  # torch.cuda.synchronize(): everything issued so far done
+                        while synced < idx:
+                            t = done[synced]
+                            if t == _INF:
+                                yield self._wait(st, _DONE, step, synced)
+                                t = done[synced]
+                            if t > h:
+                                h = t
+                            synced += 1
                     check = self._check[op.pg]
                     if check:
                         comp = self.part.component_of[op.pg][st.index]
@@ -315,6 +333,7 @@ class Simulation:
                             yield self._rv_event(rv)
                         h = rv.result
                         st.check_s[step][idx] = h - arrive
+                    h += self._list_copies[op.pg]
                 issued[idx] = h
                 if waiters:
                     ev = waiters.pop((_ISSUED, step, idx), None)
