@@ -116,11 +116,18 @@ def plot_scaling(rows: Sequence[Mapping[str, Any]], *, x: str = "gpus",
             if sp:
                 ends.append((sp[-1]["speedup"], xpos(sp[-1]), style["color"]))
     if numeric and x in ("gpus", "cluster.world"):
+        # tokens/s growing in proportion to the GPUs from the best run at the smallest count:
+        # a wide grey band under the lines, so an algorithm that scales linearly (drawn on
+        # top of it) leaves it visible on both sides
         x0 = min(xs_all)
-        per_gpu = max(r["tokens_per_s_per_gpu"] for r in usable if param(r, x) == x0)
+        best = max((r for r in usable if param(r, x) == x0),
+                   key=lambda r: r["tokens_per_s_per_gpu"])
+        per_gpu = best["tokens_per_s_per_gpu"]
         lo, hi = min(xs_all), max(xs_all)
-        ax_t.plot([lo, hi], [per_gpu * lo, per_gpu * hi], color="0.6", linestyle=":",
-                  linewidth=1.2, label="linear scaling")
+        ax_t.plot([lo, hi], [per_gpu * lo, per_gpu * hi], color="0.55", alpha=0.35,
+                  linewidth=7, solid_capstyle="butt", zorder=0,
+                  label=f"linear scaling from {best.get('label') or best.get('name')} "
+                        f"at {x0:,}")
     xlabel = key_label("cluster.world" if x == "gpus" else x)
     for ax in axes:
         ax.set_xlabel(xlabel)

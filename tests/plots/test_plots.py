@@ -75,7 +75,11 @@ def test_scaling(tmp_path):
     assert ax_t.get_xlabel() == "GPUs" and "tokens/s" in ax_t.get_ylabel()
     assert ax_s.get_ylabel().startswith("speedup over FSDP")
     labels = [t.get_text() for t in ax_t.get_legend().get_texts()]
-    assert labels == ["FSDP", "FL+FSDP", "linear scaling"]
+    assert labels == ["FSDP", "FL+FSDP", "linear scaling from FL+FSDP at 64"]
+    # the reference is a wide band under the lines: visible even where a line follows it
+    *series, linear = ax_t.get_lines()
+    assert linear.get_zorder() < min(s.get_zorder() for s in series)
+    assert linear.get_linewidth() > 3 * max(s.get_linewidth() for s in series)
     fl = ax_s.get_lines()[0]
     assert list(fl.get_xdata()) == [64, 128, 256]
     assert list(fl.get_ydata()) == pytest.approx([1.64, 2.28, 3.56])
@@ -90,7 +94,8 @@ def test_scaling_splits_lines_by_other_swept_keys():
             rows.append({**r, "params": {**r["params"], "algorithms.fl_fsdp.group_nodes": g}})
     labels = [t.get_text() for t in plot_scaling(rows).axes[0].get_legend().get_texts()]
     # FSDP does not depend on FL+FSDP's group size: one line; FL+FSDP: one per group size
-    assert labels == ["FSDP", "FL+FSDP (group=1)", "FL+FSDP (group=2)", "linear scaling"]
+    assert labels == ["FSDP", "FL+FSDP (group=1)", "FL+FSDP (group=2)",
+                      "linear scaling from FL+FSDP at 64"]
     with pytest.raises(ValueError, match="no simulated rows"):
         plot_scaling([{"status": "invalid"}])
 
