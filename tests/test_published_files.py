@@ -39,7 +39,8 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
 
 def test_the_shipped_files_load():
     cases = load_cases(PUBLISHED)
-    assert len(cases) == 26 and len({c["name"] for c in cases}) == 26
+    assert len(cases) == 67 and len({c["name"] for c in cases}) == 67
+    assert sum(bool(c.get("study")) for c in cases) == 41
     coll = load_collectives(PUBLISHED / "collectives.yaml")
     assert coll["tables"] and coll["cases"] and "claims" in coll
 
@@ -65,7 +66,7 @@ def test_a_bad_published_run_names_its_field(folder, change, expected):
 
 def test_repeated_names_point_at_the_first(folder):
     _mutate(folder, "cases.yaml", lambda d: d["cases"].append(copy.deepcopy(d["cases"][4])))
-    with pytest.raises(SpecError, match=r"cases\[26\]\.name: '.*' repeats cases\[4\]"):
+    with pytest.raises(SpecError, match=r"cases\[67\]\.name: '.*' repeats cases\[4\]"):
         load_cases(folder)
 
 
@@ -117,3 +118,19 @@ def test_a_bad_collective_entry_names_its_field(folder, change, expected):
     with pytest.raises(SpecError) as exc:
         load_collectives(path)
     assert str(path) in _one_line(exc) and expected in str(exc.value)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda d: d["claims"].update(p90_abs_error="wide"),
+     "claims.p90_abs_error: expected a number, got 'wide'"),
+    (lambda d: d["claims"]["widen"].update(framework=True),
+     "claims.widen.framework: expected a number, got True"),
+    (lambda d: d["claims"].update(widen=[1]), "claims.widen: expected a mapping, got [1]"),
+])
+def test_a_bad_claim_names_its_field(folder, change, expected):
+    from simfed.calibration.published import load_claims
+
+    _mutate(folder, "cases.yaml", change)
+    with pytest.raises(SpecError) as exc:
+        load_claims(folder)
+    assert expected in _one_line(exc)
