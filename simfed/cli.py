@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -275,17 +276,24 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
               help="Do not run anything: read measurements already in --out.")
 @click.option("--draws", type=click.IntRange(min=0, max=1000), default=40, show_default=True,
               help="Draws of the fitted parameters per shape for the [p10, p90] intervals.")
+@click.option("--show", "show", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Instead: print a validation saved with --json (results/validate*.json) as "
+                   "validate prints it; runs nothing.")
 def validate(scenario: Path | None, published: Path | None, only_set: str | None, out: Path,
-             json_path: Path | None, fresh: bool, measured_only: bool, draws: int) -> None:
+             json_path: Path | None, fresh: bool, measured_only: bool, draws: int,
+             show: Path | None) -> None:
     """Calibrate on micro-benchmarks, run the validation shapes for real on the testbed and
     report predicted against measured step time, phases and speedups; or, with --published,
     predict published cluster measurements (a benchmark of the model's accuracy)."""
     from rich.console import Console
-    from rich.table import Table
 
     from .analysis.report import write_json
     from .calibration.validate import validate as run_validation
 
+    if show is not None:
+        console = Console(width=150) if not Console().is_terminal else Console()
+        _show_validation(show, console)
+        return
     check_output(json_path, "--json")
     if published is None:
         check_output(out, "--out", folder=True)
@@ -305,6 +313,37 @@ def validate(scenario: Path | None, published: Path | None, only_set: str | None
         raise SpecError("validate: give a SCENARIO, or --published")
     res = run_validation(scenario, out, echo=lambda m: console.print(m, highlight=False),
                          reuse=not fresh, skip_runs=measured_only, draws=draws)
+    _print_validation(res, console)
+    if json_path:
+        write_json(json_path, res)
+        click.echo(f"wrote {json_path}")
+
+
+def _show_validation(path: Path, console: Any) -> None:
+    """A validation saved with --json, printed as validate prints it; a file that is not one
+    is a SpecError (one line)."""
+    import json
+
+    what = "expected the output of simfed validate --json"
+    try:
+        res = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"file not found: {path}") from None
+    except (UnicodeDecodeError, ValueError):
+        raise SpecError(f"{path}: not JSON ({what})") from None
+    if not isinstance(res, dict) or not {"runs", "speedups", "summary"} <= set(res):
+        raise SpecError(f"{path}: not a validation (no runs, speedups and summary: {what})")
+    try:
+        _print_validation(res, console)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise SpecError(f"{path}: a damaged validation ({type(exc).__name__}: {exc}; "
+                        f"{what})") from None
+
+
+def _print_validation(res: dict, console: Any) -> None:
+    """validate's table and summary lines (predicted against measured, per run and set)."""
+    from rich.table import Table
+
     t = Table(title=f"validation of {res['scenario']}: predicted (calibrated on micro-benchmarks "
                     "only) vs measured, ms per step (rest: compute and host work)")
     for col in ("run", "set", "measured step", "predicted step", "interval", "error",
@@ -352,9 +391,6 @@ def validate(scenario: Path | None, published: Path | None, only_set: str | None
                           f"{100 * (on['fl_fsdp_over_fsdp_max_abs_error'] or 0):.1f}% / off "
                           f"{100 * (off['fl_fsdp_over_fsdp_max_abs_error'] or 0):.1f}%",
                           highlight=False)
-    if json_path:
-        write_json(json_path, res)
-        click.echo(f"wrote {json_path}")
 
 
 @main.command()

@@ -72,3 +72,22 @@ def test_run_with_a_profile_uses_its_numbers(tmp_path):
     f = json.loads(fast.read_text())["algorithms"][0]["step_time_s"]
     s = json.loads(slow.read_text())["algorithms"][0]["step_time_s"]
     assert s > f  # 1 Gb/s rails instead of the fixture's 10 Gb/s
+
+
+def test_validate_show_prints_a_saved_validation(tmp_path):
+    """`validate --show FILE` prints a validation saved with --json as validate prints it, and
+    runs nothing; a file that is not one is one line, exit 2."""
+    import json
+
+    saved = ROOT / "results" / "validate-run24.json"
+    res = CliRunner().invoke(main, ["validate", "--show", str(saved)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    check = json.loads(saved.read_text())["summary"]["check"]
+    assert (f"check set: median |error| {100 * check['median_abs_error']:.1f}% over "
+            f"{check['runs']} runs") in res.output
+    bad = tmp_path / "bad.json"
+    for text, msg in (("{", "not JSON"), ("[1]", "not a validation"),
+                      ('{"runs": [{}], "speedups": [], "summary": {}}', "damaged validation")):
+        bad.write_text(text)
+        res = CliRunner().invoke(main, ["validate", "--show", str(bad)])
+        assert res.exit_code == 2 and msg in res.output, res.output
