@@ -5,7 +5,6 @@ samples, read from realrun bench summaries, realrun traces and PyTorch profiler 
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -22,10 +21,10 @@ from ..spec.bench import (
     DriftRow,
     LoopRow,
 )
+from ..spec.jsonio import parse_json, read_json
 from ..spec.limits import MAX_WORLD
 from ..spec.schema import SpecError
 from ..spec.trace import read_trace
-from ..spec.yamlio import MAX_DATA_BYTES, read_text
 
 BENCH_SUMMARY = "bench-summary.json"
 _OP_NAMES = {
@@ -215,10 +214,9 @@ def read_bench(path: Path) -> Samples:
     p = path / BENCH_SUMMARY if path.is_dir() else path
     if not p.exists():
         raise SpecError(f"calibrate: no bench summary at {p}")
-    try:  # a regular file, bounded, UTF-8 (spec.yamlio)
-        data = json.loads(read_text(p, "calibrate", MAX_DATA_BYTES))
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"calibrate: {p} is not valid JSON (line {exc.lineno})") from None
+    # a regular file, bounded, UTF-8, nested at most 64 deep (spec.jsonio); a NaN is named
+    # by the row check below
+    data = read_json(p, "calibrate", allow_nan=True)
     if not isinstance(data, dict):
         raise SpecError(f"calibrate: {p} is not a bench summary (a JSON object)")
     bench = BenchSummary.parse(data, f"calibrate: {p}")  # simfed.spec.bench: the typed rows
@@ -440,8 +438,11 @@ def read_chrome(path: Path, gpus_per_node: int) -> Samples:
             raise SpecError(f"{where}: In/Out msg nelems {n_in}/{n_out} ({nbytes} B); expected "
                             f"0 to {MAX_NBYTES:,} B")
         ranks = a.get("Process Group Ranks")
-        if isinstance(ranks, str):
-            ranks = json.loads(ranks)
+        if isinstance(ranks, str):  # a JSON list as text: bounded, nested at most 64 deep
+            if len(ranks) > 8 * MAX_WORLD:  # (up to MAX_WORLD ranks of up to 7 digits)
+                raise SpecError(f"{where}: Process Group Ranks is {len(ranks):,} characters; "
+                                f"at most {8 * MAX_WORLD:,} (a list of {MAX_WORLD:,} ranks)")
+            ranks = parse_json(ranks, where)
         if ranks is not None and not _distinct_ranks(ranks):
             raise SpecError(f"{where}: Process Group Ranks {str(ranks)[:80]} is not a list of "
                             "distinct ranks (whole numbers from 0)")

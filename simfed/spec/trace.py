@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .jsonio import parse_json
 from .schema import SpecError
 from .yamlio import MAX_DATA_BYTES, read_text
 
@@ -156,7 +157,7 @@ def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
         raise SpecError(f"{path}: empty trace file (no header line)")
     try:
         head = json.loads(lines[0])
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise SpecError(f"{path}:1: the header is not JSON") from None
     if not isinstance(head, dict):
         raise SpecError(f"{path}:1: the header is not a JSON object")
@@ -175,11 +176,11 @@ def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
-        except json.JSONDecodeError:
+            d = parse_json(line, f"{path}:{i + 2}", allow_nan=True)  # nested <= 64 deep
+        except SpecError:
             if i == last:  # torn by a crash mid-write
                 return
-            raise SpecError(f"{path}:{i + 2}: not JSON") from None
+            raise
         if not isinstance(d, dict):
             raise SpecError(f"{path}:{i + 2}: not a JSON object")
         yield Span.from_dict(d, f"{path}:{i + 2}")

@@ -293,7 +293,8 @@ def test_a_trace_without_shapes_says_so(tmp_path):
     ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": "soon", '
      '"dur": 1, "args": {"Input Dims": [[2, 2], [2, 2]], "Input type": ["float", "float"]}}]}',
      "malformed input"),
-    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", ', "is not valid JSON (line 1)"),
+    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", ', "not JSON (line 1, column 47"),
+    ('{"traceEvents": ' + '[' * 100_000 + ']' * 100_000 + '}', "nested deeper than 64"),
     ('{"traceEvents": {"ph": "X"}}', "traceEvents is not a list"),
 ])
 def test_a_bad_trace_is_one_line_and_exit_2(tmp_path, body, message):
