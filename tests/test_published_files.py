@@ -71,7 +71,9 @@ def test_repeated_names_point_at_the_first(folder):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("cases: [1, 2", "not valid YAML"),
+    ("cases: [1, 2", "invalid YAML"),
+    ("cases: &a [*a]", "alias refers to a value that contains it"),
+    ("cases: []\ncases: []\n", "duplicate key"),
     ("- 1\n- 2\n", "expected a mapping with a list of entries, got list"),
 ])
 def test_a_malformed_file_is_one_line(folder, text, expected):
@@ -85,7 +87,7 @@ def test_an_undecodable_file_is_one_line(folder):
     (folder / "speedups.yaml").write_bytes(b"\xff\xfe\x00bad")
     with pytest.raises(SpecError) as exc:
         speedup_cases(folder)
-    assert "speedups.yaml: cannot be read" in _one_line(exc)
+    assert "speedups.yaml is UTF-16, not UTF-8" in _one_line(exc)
 
 
 @pytest.mark.parametrize("change, expected", [
