@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: run test install install-dev figures bench lint clean
+.PHONY: run test install install-dev figures bench lint clean gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,12 @@ figures: install
 
 bench: install
 	$(BIN)/simfed bench
+
+# on a GPU machine, no network needed, under 8 minutes on one GPU: docs/gpu-check.md. Runs with
+# the project's venv if there is one, else the machine's python3 (its torch, from the checkout)
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m realrun.gpu_check
 
 lint: install-dev
 	$(BIN)/ruff check simfed realrun tests
