@@ -23,14 +23,14 @@ FSDP2 (`fully_shard`, `training.fsdp_version: 2`; PyTorch 2.13,
 torch/distributed/fsdp/_fully_shard/) issues the same collectives in the same order on one
 communicator per process group, but limits its all-gathers with CUDA events instead of
 FSDP1's CPU-side rate limiter, so the host never waits (`limit_all_gathers` is FSDP1's):
-- forward: `FSDPParamGroup.wait_for_unshard` (_fsdp_param_group.py lines 430-432 and 477-487)
+- forward: `FSDPParamGroup.wait_for_unshard` (_fsdp_param_group.py lines 430-432 and 476-485)
   keeps the all-gather result of unit u until the next unit's copy-out and makes the
   all-gather streams wait for unit u-1's copy-out event, so unit u+1's all-gather (issued by
   the implicit or explicit forward prefetch after it) waits for unit u-1's copy-out, the start
   of its forward: two all-gathers in flight ahead of the compute. Here the all-gather of layer
   u depends on the compute op before `forward u-2` on the compute stream.
 - backward: in backward `wait_for_unshard` makes the all-gather streams wait for unit u+1's
-  copy-out at once (line 489), and `pre_backward` prefetches unit u after it (lines 576-585,
+  copy-out at once (lines 486-487), and `pre_backward` prefetches unit u after it (lines 576-585,
   `_backward_prefetch` lines 795-831): the all-gather of layer u depends on the compute op
   before `backward u+1`.
 - the reduce-scatter input buffers (`reduce_scatter_max_input_buffers`, lines 640-658: the
@@ -38,7 +38,10 @@ FSDP1's CPU-side rate limiter, so the host never waits (`limit_all_gathers` is F
   wait here: that reduce-scatter precedes the next all-gather the compute waits for on the
   same communicator.
 - the root stays unsharded after forward (_fsdp_state.py line 207, `_lazy_init`: "For the
-  root, do not reshard after forward"), as FSDP1's does here.
+  root, do not reshard after forward"; in 2.13 unless fully_shard was given
+  reshard_after_forward for the root, in the 2024 releases always:
+  torch/distributed/_composable/fsdp/_fsdp_state.py `_lazy_init` at 325b98f), as FSDP1's
+  does here.
 With `algorithms[].reshard_last_layer_after_forward: false` (torchtitan's wrap policy,
 parallelize_llama.py `apply_fsdp` at eef8bb2, lines 321-323) the last decoder layer is not
 resharded after forward and its backward needs no all-gather.
