@@ -13,7 +13,7 @@ so the average of its fp32 models is exact to float rounding.
 Because all-reduce leaves the same sum on every member and every member divides it the same way,
 all groups hold bitwise-identical parameters afterwards.
 
-FL variants (issue 19), one generalised round (`FedAvg.__call__(steps_taken, participate)`, used
+FL variants, one generalised round (`FedAvg.__call__(steps_taken, participate)`, used
 whenever a variant is on; the plain round above is kept bit for bit otherwise). Each rank keeps
 the global model of the last round (the anchor, fp32) and:
 - FedNova-style weights (time-budgeted rounds): group g took n_g local steps; its per-step

@@ -28,7 +28,7 @@ GROUP_SIZES_NODES = (1, 4, 16)
 HEATMAP_GROUPS = "1:128:x2"
 HEATMAP_K = "1:64:x2"
 GANTT_STEPS = 8  # K = 8 in the paper: step 8 ends with a FedAvg round
-# the straggler study (issue 19): the paper's 128 nodes and 8x that; one node 0-100% slower,
+# the straggler study: the paper's 128 nodes and 8x that; one node 0-100% slower,
 # per-GPU jitter sigma 0-10%; the FL variants' budget is an unslowed group's K local steps and
 # the deadline 5% more (so that without stragglers every variant runs K steps, all groups in)
 STRAGGLER_NODES = (128, 1024)

@@ -1,4 +1,4 @@
-"""Where a prediction leaves its calibration's samples (issue 18 item 2).
+"""Where a prediction leaves its calibration's samples.
 
 A calibrated profile is measured at some link rates, message sizes, group sizes and model
 sizes; `sample_ranges` records them in the calibration report. `extrapolation` says, per

@@ -1,4 +1,4 @@
-"""Fit only what the samples identify (issue 18): a parameter no sample constrains, or whose
+"""Fit only what the samples identify: a parameter no sample constrains, or whose
 interval is wide, stays at the scenario's value and the report says so; physical link rates stay
 physical, so a rate set after calibration scales the wire time; draws from the fit's
 uncertainty are seeded."""

@@ -3,9 +3,7 @@ these exact bytes. A refactor must not move a single digit; a model change that 
 move them regenerates the file and says so in its commit:
 
     .venv/bin/simfed run scenarios/512gpu.yaml --json tests/golden/512gpu.json
-
-(tests/golden/512gpu.json was generated at 39a6b6c, before host contention moved out of the
-engine into simfed.contention.)"""
+"""
 
 from __future__ import annotations
 

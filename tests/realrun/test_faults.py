@@ -1,4 +1,4 @@
-"""realrun's faults (issue 20): a rank killed inside a FedAvg round, a rank that hangs while its
+"""realrun's faults: a rank killed inside a FedAvg round, a rank that hangs while its
 peers wait in the FedAvg all-reduce, and a disk that fills during the run. Each ends `realrun
 run` with one line naming the rank, within the collective timeout, and keeps the traces
 written so far whole."""
