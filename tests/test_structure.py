@@ -157,3 +157,9 @@ def test_simfed_never_imports_realrun():
     bad = [f"{m} -> {t}" for m, ts in _imports().items() if m.startswith("simfed")
            for t in ts if t.startswith("realrun")]
     assert not bad, bad
+
+
+def test_no_module_over_600_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules().values()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {long}"

@@ -10,7 +10,7 @@ import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from .algorithms import ALGORITHMS, algorithm_info
 from .cluster import (  # noqa: F401 - re-exported: the scenario's names live here too
@@ -40,6 +40,20 @@ from .runtime import (  # noqa: F401 - re-exported
     RuntimeSpec,
 )
 from .schema import SpecError, build, param, to_plain
+from .stragglers import (  # noqa: F401 - re-exported
+    DegradedNic,
+    JitterSpec,
+    SlowGpu,
+    SlowNode,
+    StragglerSpec,
+)
+from .validation_plan import (  # noqa: F401 - re-exported
+    BENCH_PARTS,
+    REBENCH_PARTS,
+    RebenchPart,
+    ValidationShape,
+    ValidationSpec,
+)
 
 SCHEMA_VERSION = 1
 # ---------------------------------------------------------------------------------------------
@@ -271,99 +285,6 @@ class AlgorithmSpec:
 
 
 # ---------------------------------------------------------------------------------------------
-# stragglers and heterogeneity
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlowNode:
-    node: int = param(ge=0)
-    factor: float = param(gt=0, doc="compute time multiplier (2.0 = half speed)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlowGpu:
-    rank: int = param(ge=0)
-    factor: float = param(gt=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DegradedNic:
-    node: int = param(ge=0)
-    factor: float = param(gt=0, le=1, doc="fraction of the rails' bandwidth left")
-
-
-@dataclass(frozen=True, kw_only=True)
-class JitterSpec:
-    distribution: str = param("lognormal", choices=("lognormal", "uniform"))
-    sigma: float = param(0.0, ge=0, doc="lognormal sigma, or uniform half-width")
-    level: str = param("node", choices=("node", "gpu"), doc="one draw per node or per GPU")
-
-
-@dataclass(frozen=True, kw_only=True)
-class StragglerSpec:
-    slow_nodes: tuple[SlowNode, ...] = ()
-    slow_gpus: tuple[SlowGpu, ...] = ()
-    degraded_nics: tuple[DegradedNic, ...] = ()
-    jitter: JitterSpec = JitterSpec()
-    method: str = param(
-        "order_stats", choices=("order_stats", "per_rank"),
-        doc="order_stats: the run's pace from the order statistics of the factor table (the "
-        "slowest shard group per step, the slowest federation group per FedAvg round), fast "
-        "at any size; per_rank: every distinct rank simulated (the exact reference)")
-
-    @property
-    def any(self) -> bool:
-        return bool(self.slow_nodes or self.slow_gpus or self.degraded_nics or self.jitter.sigma)
-
-
-# ---------------------------------------------------------------------------------------------
-# validation plan (simfed validate)
-
-
-# the parts of `realrun bench` that measure compute (the rest: comm, checks)
-RebenchPart = Literal["compute", "units", "optimizer"]
-REBENCH_PARTS = get_args(RebenchPart)
-BENCH_PARTS = ("comm", *REBENCH_PARTS, "checks")  # realrun.bench.PARTS
-
-
-@dataclass(frozen=True, kw_only=True)
-class ValidationShape:
-    name: str
-    set: dict[str, Any] = param(None, doc="dotted overrides of the scenario for this shape")
-    algorithms: tuple[str, ...] = ()  # empty: every algorithm of the scenario
-    baselines: tuple[str, ...] = param(
-        (), doc="algorithms of this shape run only as its speedups' denominators (their "
-        "configuration is another shape's): left out of the step-time error statistics")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ValidationSpec:
-    shapes: tuple[ValidationShape, ...] = ()  # the fit set's shapes (older scenarios)
-    fit: tuple[ValidationShape, ...] = param(
-        (), doc="shapes the model may be developed on (reported apart from the check set); "
-        "with `shapes`, both are the fit set")
-    check: tuple[ValidationShape, ...] = param(
-        (), doc="held-out shapes, chosen before any of their results was seen and never tuned "
-        "on: the validation's claim is the check set's")
-    repeats: int = param(1, ge=1, doc="end-to-end launches per shape (the median is compared)")
-    bench_sets: tuple[dict[str, Any], ...] = param(
-        (), doc="extra overrides to run the benchmarks at (other layouts, link rates, model "
-        "sizes); the key `skip` passes `realrun bench --skip` (e.g. skip: units,optimizer)")
-    rebench: tuple[RebenchPart, ...] = param(
-        (), doc="compute parts of `realrun bench` (compute, units, optimizer) run again right "
-        "before each shape's launches, in its layout; the shape is predicted with them in place "
-        "of the first benchmarks' (a host's speed drifts over a long validation)")
-
-    @property
-    def fit_shapes(self) -> tuple[ValidationShape, ...]:
-        return (*self.shapes, *self.fit)
-
-    def sets(self) -> tuple[tuple[str, ValidationShape], ...]:
-        """Every shape with its set ("fit" or "check"), fit set first."""
-        return (*(("fit", s) for s in self.fit_shapes), *(("check", s) for s in self.check))
-
-
-# ---------------------------------------------------------------------------------------------
 # convergence (time to a target loss; simfed.convergence)
 
 
@@ -387,7 +308,8 @@ class ConvergenceSpec:
     data_constants: dict[str, float] = param(
         None, doc="scaling: the constants of another corpus and tokenizer in place of the "
         "profile's (loss_floor, floor_coef, floor_size_exponent, noise_star_tokens, "
-        "noise_loss_exponent, unigram_loss), each with its source in a comment; listed in the output")
+        "noise_loss_exponent, unigram_loss), each with its source in a comment; listed in the "
+        "output")
     samples: int = param(200, ge=10, le=10000, doc="parameter draws for the uncertainty band")
 
     def __post_init__(self) -> None:
