@@ -75,6 +75,7 @@ def test_repeated_names_point_at_the_first(folder):
     ("cases: &a [*a]", "alias refers to a value that contains it"),
     ("cases: []\ncases: []\n", "duplicate key"),
     ("- 1\n- 2\n", "expected a mapping with a list of entries, got list"),
+    ("cases: 0\n", "cases: expected a list of entries, got int"),  # before: taken as none
 ])
 def test_a_malformed_file_is_one_line(folder, text, expected):
     (folder / "cases.yaml").write_text(text)

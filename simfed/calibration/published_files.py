@@ -99,8 +99,10 @@ def entries(path: Path, data: dict[str, Any], kind: str, model: type[BaseModel]
             ) -> list[dict[str, Any]]:
     """`data[kind]` checked entry by entry against `model`; the entries as plain dicts with the
     checked values (numbers as numbers), in file order."""
-    items = data.get(kind) or []
-    if not isinstance(items, list):
+    items = data.get(kind)
+    if items is None:  # (an absent or empty key: no entries of this kind)
+        items = []
+    if not isinstance(items, list):  # (before: 0, '' or false were taken as no entries)
         raise SpecError(f"{path}: {kind}: expected a list of entries, got {type(items).__name__}")
     out, seen = [], {}
     for i, item in enumerate(items):

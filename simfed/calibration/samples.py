@@ -374,12 +374,14 @@ def read_realrun_trace(path: Path, gpus_per_node: int) -> Samples:
             continue
         op = _OP_NAMES.get(s.name)
         ranks = s.attrs.get("ranks")
-        if op is None or not ranks or len(ranks) < 2:
+        if op is None or ranks is None:
             continue
         where = f"calibrate: {path}: rank {s.rank} step {s.step} {s.name}"
-        if not _distinct_ranks(ranks):
+        if not _distinct_ranks(ranks):  # (before: a number here was a TypeError, exit 3)
             raise SpecError(f"{where}: attrs.ranks {str(ranks)[:80]} is not a list of distinct "
                             "ranks (whole numbers from 0)")
+        if len(ranks) < 2:
+            continue
         if world and max(ranks) >= world:
             raise SpecError(f"{where}: attrs.ranks reaches rank {max(ranks)} of a world of "
                             f"{world} (meta.world_size)")

@@ -26,12 +26,22 @@ def plot_validation(data: Mapping[str, Any], *, title: str | None = None) -> Fig
     every field is optional, runs or speedups missing a side are skipped. A run marked
     `baseline` (a shape's FSDP run repeated to pair a speedup) is left out of the step panels,
     as `simfed validate`'s summary leaves it out of the medians."""
+    for key in ("runs", "speedups"):  # absent or null: none; else a list
+        if data.get(key) is not None and not isinstance(data.get(key), list):
+            raise ValueError(f"{key}: expected a list, got {str(data.get(key))[:60]!r}")
     runs = [r for r in (data.get("runs") or []) if isinstance(r, Mapping)
             and not r.get("baseline")]
     steps = [r for r in runs if _num(r.get("predicted_step_time_s"))
              and _num(r.get("measured_step_time_s"))]
     phased = [r for r in runs if isinstance(r.get("predicted_phases_s"), Mapping)
               and isinstance(r.get("measured_phases_s"), Mapping)]
+    for r in phased:  # a phase present is a time (a missing one draws as 0)
+        for side in ("predicted", "measured"):
+            for phase, v in r[f"{side}_phases_s"].items():
+                if v is not None and _num(v) is None and v != 0:
+                    raise ValueError(f"run {str(r.get('name'))[:60]!r}: {side}_phases_s.{phase}"
+                                     f": expected seconds (a finite number >= 0), got "
+                                     f"{str(v)[:60]!r}")
     speedups = [s for s in (data.get("speedups") or []) if isinstance(s, Mapping)
                 and _num(s.get("predicted")) and _num(s.get("measured"))]
     panels = [p for p, have in (("steps", steps), ("phases", phased), ("speedups", speedups))

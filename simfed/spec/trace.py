@@ -169,7 +169,11 @@ def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
     if version > TRACE_VERSION:
         raise SpecError(f"{path}:1: trace version {head.get('version')} is newer than "
                         f"{TRACE_VERSION}")
-    yield dict(head.get("meta") or {})
+    meta = head.get("meta")
+    meta = {} if meta is None else meta
+    if not isinstance(meta, dict):
+        raise SpecError(f"{path}:1: meta is {str(meta)[:60]!r}, not a JSON object")
+    yield dict(meta)
     body = [ln for ln in lines[1:]]
     last = max((i for i, ln in enumerate(body) if ln.strip()), default=-1)
     for i, line in enumerate(body):

@@ -69,3 +69,16 @@ def test_the_profiler_modules_stay_small(module, limit):
 
     src = inspect.getsource(importlib.import_module(f"simfed.calibration.profiler.{module}"))
     assert len(src.splitlines()) <= limit
+
+
+@pytest.mark.parametrize("head, span, needle", [
+    # before: TypeError (exit 3) or the header taken as empty; found by the fuzzer
+    (HEAD, {**SPAN, "attrs": {"ranks": -1}}, "attrs.ranks -1 is not a list"),
+    (HEAD, {**SPAN, "attrs": {"ranks": 0.5}}, "attrs.ranks 0.5 is not a list"),
+    ({**HEAD, "meta": float("inf")}, SPAN, "meta is 'inf', not a JSON object"),
+    ({**HEAD, "meta": 0}, SPAN, "meta is '0', not a JSON object"),
+])
+def test_a_trace_with_values_of_the_wrong_type_is_refused(tmp_path, head, span, needle):
+    t = tmp_path / "trace_rank0.jsonl"
+    t.write_text("\n".join(json.dumps(x) for x in (head, span, SPAN)) + "\n")
+    _refused(_calibrate(tmp_path, t), "trace_rank0.jsonl", needle)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import random
 import re
@@ -65,6 +66,11 @@ class Case:
     files: dict[str, bytes] = field(default_factory=dict)  # relative path -> content
     argv: list[str] = field(default_factory=list)  # after `simfed`; {dir} is the case folder
     outputs: tuple[str, ...] = ()  # output paths/folders named on the command line (relative)
+    prog: str = "simfed"  # or realrun
+    # relative path -> what the runner makes there: chr (a character device like /dev/null;
+    # root only), blk, fifo, sock, loop (a symlink to itself), link:TARGET; each must still be
+    # what it was after the case (an output path never replaces what it names)
+    specials: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -631,13 +637,32 @@ class Generator:
                           INVALID if "over the world limit" in what else EITHER,
                           {"s.yaml": _dump(data)})
 
-    def generate(self, n: int) -> list[Case]:
-        families = [(self.key_case, 60), (self.yaml_case, 8), (self.encoding_case, 6),
-                    (self.include_case, 8), (self.cli_case, 12), (self.label_case, 6),
-                    (self.cost_case, 3)]
+    def generate(self, n: int, kind: str = "scenario") -> list[Case]:
+        """`n` cases of one kind: "scenario" (the families above) or a family of
+        tests/fuzz/families.py (results, trace, bench, published, converge, outputs, and any
+        appended to its EXTRA_FAMILIES)."""
+        if kind == "scenario":
+            families = [(self.key_case, 60), (self.yaml_case, 8), (self.encoding_case, 6),
+                        (self.include_case, 8), (self.cli_case, 12), (self.label_case, 6),
+                        (self.cost_case, 3)]
+        else:
+            from .families import Families, all_families
+
+            fam = Families(self)
+            families = [(functools.partial(maker, fam), w) for name, maker, w in all_families()
+                        if name == kind]
+            if not families:
+                raise ValueError(f"no fuzz family {kind!r}; kinds: {', '.join(kinds())}")
         makers = [m for m, _ in families]
         weights = [w for _, w in families]
         return [self.rng.choices(makers, weights)[0]() for _ in range(n)]
+
+
+def kinds() -> list[str]:
+    """Every kind of input the fuzzer generates ("scenario" first)."""
+    from .families import all_families
+
+    return ["scenario", *dict.fromkeys(name for name, _, _ in all_families())]
 
 
 _CAL_OUT = ("p.yaml", "p.json")
@@ -667,5 +692,5 @@ def _with_description(text: str, desc: str) -> str:
         "\n".join(lines) + "\n"
 
 
-def generate(n: int, seed: int = 0) -> list[Case]:
-    return Generator(seed).generate(n)
+def generate(n: int, seed: int = 0, kind: str = "scenario") -> list[Case]:
+    return Generator(seed).generate(n, kind)

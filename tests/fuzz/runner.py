@@ -17,7 +17,12 @@ Outcomes:
   crash            the worker process died (killed for memory, a segfault)
   invalid_json     exit 0 but a JSON file written is not strict JSON (NaN, Infinity, bad)
   stray_file       a file written outside the case folder's named outputs
+  replaced         a device, FIFO, socket or symbolic link the case made is no longer what it
+                   was (an output path replaced what it names)
   other_exit       any other exit status
+
+realrun's cases are held to the same contract; its internal-error status is 4 (3 is a rank that
+lost its peers).
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from pathlib import Path
 from .cases import EITHER, INVALID, OUTSIDE, VALID, Case
 
 BAD = ("accepted_invalid", "multiline_error", "traceback", "internal_error", "hang", "crash",
-       "invalid_json", "stray_file", "other_exit")
+       "invalid_json", "stray_file", "replaced", "other_exit")
+INTERNAL = {"simfed": 3, "realrun": 4}  # each program's internal-error exit status
 TIME_LIMIT_S = 10
 MEMORY_LIMIT_BYTES = 3 * 2**30
 
@@ -92,8 +98,11 @@ def _classify(case: Case, code: int | None, output: str, escaped: BaseException 
         return "traceback", f"{type(escaped).__name__}: {escaped}"[:300]
     if "Traceback (most recent call last)" in output:
         return "traceback", output[-300:]
-    if code == 3:
+    if code == INTERNAL[case.prog]:
         return "internal_error", output.strip().splitlines()[-1][:300] if output.strip() else ""
+    for rel, kind in case.specials.items():
+        if _kind_of(folder / rel) != kind.split(":")[0]:
+            return "replaced", f"{rel} ({kind}) is now {_kind_of(folder / rel)}"
     after = {p for p in folder.rglob("*") if p.is_file()}
     named = [folder / o for o in case.outputs]
     for p in sorted(after - before):
@@ -127,18 +136,69 @@ def _classify(case: Case, code: int | None, output: str, escaped: BaseException 
     return "other_exit", f"exit {code}: {output[-200:]}"
 
 
+def _kind_of(path: Path) -> str:
+    """chr, blk, fifo, sock, link, loop, file, dir or missing."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    m = st.st_mode
+    if stat.S_ISLNK(m):
+        return "loop" if os.readlink(path) == path.name else "link"
+    for test, name in ((stat.S_ISCHR, "chr"), (stat.S_ISBLK, "blk"), (stat.S_ISFIFO, "fifo"),
+                       (stat.S_ISSOCK, "sock"), (stat.S_ISDIR, "dir")):
+        if test(m):
+            return name
+    return "file"
+
+
+def _make_special(path: Path, kind: str) -> None:
+    import socket
+    import stat
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "chr":  # /dev/null's numbers
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    elif kind == "blk":  # a loop device's numbers (never opened: refused before)
+        os.mknod(path, 0o600 | stat.S_IFBLK, os.makedev(7, 200))
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "sock":
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(path))
+    elif kind == "loop":
+        path.symlink_to(path.name)
+    elif kind.startswith("link:"):
+        path.symlink_to(kind.split(":", 1)[1])
+    else:
+        raise ValueError(kind)
+
+
+def _main(prog: str):
+    if prog == "realrun":
+        from realrun.cli import main as realrun_main
+
+        return realrun_main
+    from simfed.cli import main
+
+    return main
+
+
 def run_case(case: Case, time_limit_s: float = TIME_LIMIT_S) -> Result:
     """Run one case in this process (a worker: `_init_worker` has set the alarm handler)."""
     from click.testing import CliRunner
 
-    from simfed.cli import main
-
+    main = _main(case.prog)
     with tempfile.TemporaryDirectory(prefix="simfed-fuzz-") as tmp:
         folder = Path(tmp)
         for rel, content in case.files.items():
             p = folder / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(content)
+        for rel, kind in case.specials.items():
+            _make_special(folder / rel, kind)
         before = {p for p in folder.rglob("*") if p.is_file()}
         argv = [a.replace("{dir}", tmp) for a in case.argv]
         env = {"TMPDIR": tmp}  # where an internal error's log goes

@@ -11,7 +11,7 @@ import pytest
 
 from simfed.spec.scenario import Scenario
 
-from .cases import INVALID, VALID, Case, Generator, generate, schema_keys
+from .cases import INVALID, VALID, Case, Generator, generate, kinds, schema_keys
 from .runner import BAD, _init_worker, run_case, run_cases, summarise
 
 CI_CASES = 240
@@ -29,6 +29,49 @@ def test_ci_cases_end_cleanly():
     assert s["outcomes"].get("refused", 0) > CI_CASES / 2
     assert s["outcomes"].get("ok", 0) > 10
     assert set(s["by_kind"]) == {"key", "yaml", "encoding", "include", "cli", "label", "cost"}
+
+
+OTHER_KINDS_CI_CASES = 8  # per kind: results, trace, bench, published, converge, outputs
+
+
+def test_ci_cases_of_every_other_input_kind_end_cleanly():
+    """A sample of every input kind beyond scenarios (tests/fuzz/families.py); thousands on
+    demand: `python -m tests.fuzz --kind all --cases 5000`."""
+    kinds_ = [k for k in kinds() if k != "scenario"]
+    cases = [c for k in kinds_ for c in generate(OTHER_KINDS_CI_CASES, CI_SEED, k)]
+    for i, c in enumerate(cases):
+        c.id = i + 1
+    results = run_cases(cases, jobs=2, time_limit_s=60)
+    s = summarise(results)
+    bad = [f"{r.outcome}: [{r.kind}] {r.what}: {r.detail}" for r in results if r.outcome in BAD]
+    assert not bad, "\n".join(bad)
+    assert {"results", "trace", "bench", "published", "converge", "outputs"} <= set(s["by_kind"])
+    assert s["outcomes"].get("refused", 0) > len(cases) / 3  # not vacuous: most are refused,
+    assert s["outcomes"].get("ok", 0) > len(cases) / 10  # some run
+
+
+def test_the_runner_sees_an_output_path_replaced(worker, monkeypatch, tmp_path):
+    """The old writer (temporary file renamed over the path) replaced a symbolic link with a
+    regular file: the runner calls that `replaced`; the writer of spec.paths does not."""
+    import os
+
+    import simfed.spec.paths as paths
+
+    case = _case(VALID, argv=["run", "{dir}/s.yaml", "-q", "--json", "{dir}/o.json"],
+                 outputs=("target.json",))
+    case.files["target.json"] = b"old"
+    case.specials = {"o.json": "link:target.json"}
+    assert run_case(case).outcome == "ok"
+
+    def old_writer(path, data):
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return path
+
+    monkeypatch.setattr(paths, "write_bytes", old_writer)
+    assert run_case(case).outcome == "replaced"
 
 
 def test_every_schema_key_is_mutated():

@@ -145,3 +145,19 @@ def test_figures_check_every_input_before_writing_anything(tmp_path):
     res = CliRunner().invoke(main, ["figures", "--scenario", CPU4, "--out", str(out),
                                     "--results", str(results), "--only", "convergence", "-q"])
     _refused(res, "a.json", "recipe: field required")
+
+
+@pytest.mark.parametrize("data, needle", [
+    # before: TypeError (exit 3), found by the fuzzer
+    ({"runs": [{"name": "a", "predicted_phases_s": {"forward": {"x": 1}},
+                "measured_phases_s": {"forward": 1.0}}]},
+     "predicted_phases_s.forward: expected seconds"),
+    ({"speedups": True}, "speedups: expected a list"),
+    ({"runs": 3}, "runs: expected a list"),
+])
+def test_plot_validation_refuses_values_of_the_wrong_type(tmp_path, data, needle):
+    p = tmp_path / "v.json"
+    p.write_text(json.dumps(data))
+    res = CliRunner().invoke(main, ["plot", "validation", str(p), "--out",
+                                    str(tmp_path / "o.png")])
+    _refused(res, needle)
