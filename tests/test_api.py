@@ -59,7 +59,7 @@ def test_time_to_target_fields():
 def test_load_errors_are_one_line_spec_errors_with_the_key_path():
     with pytest.raises(simfed.SpecError, match=r"^training\.seq_len: must be >= 1, got -1$"):
         simfed.load(TINY, {"training.seq_len": -1})
-    with pytest.raises(simfed.SpecError, match="file not found"):
+    with pytest.raises(simfed.SpecError, match=r"^scenario: file not found: "):
         simfed.load(ROOT / "no-such.yaml")
     with pytest.raises(simfed.SpecError, match="expected a file path or a mapping"):
         simfed.load(42)  # type: ignore[arg-type]

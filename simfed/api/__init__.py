@@ -92,8 +92,6 @@ def load(source: str | os.PathLike[str] | Mapping[str, Any],
         src = Source(path=None, data=data, overrides=overrides, profile=None)
     elif isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        if not Path(path).is_file():
-            raise SpecError(f"file not found: {path}")
         scn = load_scenario(path, overrides, profile=prof)
         src = Source(path=path, data=None, overrides=overrides, profile=prof)
     else:
