@@ -26,6 +26,7 @@ an interrupted study resumes; every run is written as soon as it ends (atomicall
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -243,7 +244,9 @@ def run_point(exp: Experiment, point: RunPoint, seed: int, quick: bool) -> dict[
         "outer_optimizer": point.outer or None,
         "eval_steps": curve.eval_steps, "eval_loss": _round(curve.eval_loss),
         "train_loss": _round(curve.train_loss),
-        "noise": [{k: round(float(v), 6) for k, v in n.items()} for n in curve.noise],
+        # a noise scale whose |G|^2 estimate is not positive is undefined: null, not inf
+        "noise": [{k: round(float(v), 6) if math.isfinite(v) else None for k, v in n.items()}
+                  for n in curve.noise],
         "wall_s": round(curve.wall_s, 2),
     }
 

@@ -87,7 +87,8 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
     fmin = floor_min(studies)
     checks = held_out_checks(runs, fmin)
     f = fitting.fit(runs, fmin)
-    boot = fitting.bootstrap(runs, draws, floor_min=fmin) if draws else np.empty((0, 0))
+    boot = (fitting.bootstrap(runs, draws, floor_min=fmin, x0=f["x"]) if draws
+            else np.empty((0, 0)))
     names = ", ".join(sorted({s["experiment"] for s in studies}))
     profile: dict[str, Any] = {
         "schema": PROFILE_V2, "model": "scaling",

@@ -254,7 +254,8 @@ def critical_batch(study: dict[str, Any], targets: list[float] | None = None
         s = np.array([p[1] for p in pts])
         a = np.vstack([np.ones_like(b), 1.0 / b]).T  # S = S_min + E_min / B
         (s_min, e_min), *_ = np.linalg.lstsq(a, s, rcond=None)
-        noise = [n for r in runs for n in r.get("noise", [])]
+        noise = [n for r in runs for n in r.get("noise", [])
+                 if n.get("b_simple_tokens") is not None]
         b_simple = None
         if noise:
             near = sorted(noise, key=lambda n: abs(n["eval_loss"] - tgt))[:4]

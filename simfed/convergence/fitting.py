@@ -38,10 +38,18 @@ def _prepare(runs: list[Run]) -> tuple[list[Shape], list[int], list[np.ndarray],
     return shapes, which, idx, meas
 
 
-def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None = None
-        ) -> dict[str, Any]:
-    """Least squares of the scaling model over every evaluation point after step 0 of `runs`;
-    `fixed` pins parameters by name (they get zero variance)."""
+# starting points besides the box's own (a multiplicative nudge of one parameter each, in the
+# log-parametrised ones): the loss surface has local minima along the saddle's escape and the
+# learning-rate scale
+STARTS = ({}, {"log_lr_star": 1.2}, {"log_lr_star": -1.2}, {"log_escape": 2.3},
+          {"log_progress_scale": 2.3, "exponent": 0.5})
+
+
+def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None = None,
+        x0: np.ndarray | None = None) -> dict[str, Any]:
+    """Least squares of the scaling model over every evaluation point after step 0 of `runs`,
+    from the best of STARTS (or from `x0`); `fixed` pins parameters by name (they get zero
+    variance)."""
     fixed = fixed or {}
     unknown = [k for k in fixed if k not in scaling.IDX]
     if unknown:
@@ -80,7 +88,20 @@ def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None 
         rows = predict(np.vstack([xf, xf + np.diag(h)]))
         return ((rows[1:] - rows[0]) / h[:, None]).T
 
-    sol = least_squares(resid, bnd.x0[free], jac=jac, bounds=(lo, hi), x_scale="jac")
+    starts = []
+    if x0 is not None:
+        starts.append(np.clip(np.asarray(x0, float)[free], lo + 1e-9, hi - 1e-9))
+    else:
+        for nudge in STARTS:
+            x = bnd.x0.copy()
+            for k, v in nudge.items():
+                x[scaling.IDX[k]] += v
+            starts.append(np.clip(x[free], lo + 1e-9, hi - 1e-9))
+    sol = None
+    for start in starts:
+        trial = least_squares(resid, start, jac=jac, bounds=(lo, hi), x_scale="jac")
+        if sol is None or trial.cost < sol.cost:
+            sol = trial
     r = sol.fun
     dof = max(1, len(r) - int(free.sum()))
     s2 = float(r @ r) / dof
@@ -105,16 +126,18 @@ def configurations(runs: list[Run]) -> list[list[Run]]:
 
 
 def bootstrap(runs: list[Run], n: int, *, floor_min: float = 0.0,
-              fixed: dict[str, float] | None = None, seed: int = 0) -> np.ndarray:
+              fixed: dict[str, float] | None = None, seed: int = 0,
+              x0: np.ndarray | None = None) -> np.ndarray:
     """Parameter vectors refitted on `n` resamples of the configurations (with replacement):
-    the spread the same kind of measurements would have given. Deterministic (seeded)."""
+    the spread the same kind of measurements would have given. Deterministic (seeded); each
+    refit starts from `x0` (the full fit's estimate) when given."""
     rng = np.random.default_rng(seed)
     groups = configurations(runs)
     out = []
     for _ in range(n):
         pick = [r for i in rng.integers(0, len(groups), size=len(groups)) for r in groups[i]]
         try:
-            out.append(fit(pick, floor_min, fixed)["x"])
+            out.append(fit(pick, floor_min, fixed, x0=x0)["x"])
         except SpecError:
             continue
     return np.array(out)
@@ -136,8 +159,8 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
     from .split import targets as split_targets
 
     f = fit(fit_set, floor_min, fixed)
-    boot = bootstrap(fit_set, draws, floor_min=floor_min, fixed=fixed, seed=seed) if draws \
-        else np.empty((0, len(scaling.PARAMS)))
+    boot = (bootstrap(fit_set, draws, floor_min=floor_min, fixed=fixed, seed=seed, x0=f["x"])
+            if draws else np.empty((0, len(scaling.PARAMS))))
     thetas, shift = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed)
     if targets is None:
         loss_init = float(np.mean([r.eval_loss[0] for r in fit_set]))

@@ -88,6 +88,8 @@ class ScalingParams(FrozenModel):
     log_unigram_scale: Num = Field(ge=-20, le=20)
     log_escape: Num = Field(ge=-20, le=20)
     escape_size_exponent: Num = Field(ge=-3, le=4)
+    log_escape_width: Num = Field(ge=-20, le=5)
+    fl_escape_exponent: Num = Field(ge=0, le=10)
 
 
 class FittedRangeV2(FrozenModel):

@@ -86,7 +86,8 @@ def noise_table(study: dict[str, Any]) -> list[str]:
     by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for r in study["runs"]:
         for n in r.get("noise", []):
-            by_step[int(n["step"])].append((n["eval_loss"], n["b_simple_tokens"]))
+            if n.get("b_simple_tokens") is not None:  # undefined where |G|^2 <= 0
+                by_step[int(n["step"])].append((n["eval_loss"], n["b_simple_tokens"]))
     if not by_step:
         return []
     out = [f"#### {study['experiment']}: gradient noise scale (two-batch estimator, chunks of 4 "

@@ -7,10 +7,11 @@ L_0 towards the data's unigram loss L_u, fast and the same at every size. Then t
 context: a power law above a size-dependent floor (Kaplan et al. 2020, L(N, S_min), with the
 floor of Hoffmann et al. 2022's approach 3), which starts only once the model has left the
 unigram solution, a saddle it escapes after progress P_e(N) (small models and small learning
-rates sit on that plateau for long):
+rates sit on that plateau for long); averaged federation groups leave it along different
+directions, so their mean leaves it later (eps, fitted):
 
     L = L_inf(N) + (L_u - L_inf(N)) (1 + P_2 / P_c(N))^(-alpha) + (L_0 - L_u) exp(-P / P_1)
-    P_2 = P^2 / (P + P_e(N)),   P_e(N) = P_e (N / N_0)^(-e)
+    dP_2 = dP sigma((E - P_e(N)) / (w P_e(N))),   dE = dP G_eff^(-eps),   P_e(N) = P_e (N / N_0)^(-e)
     L_inf(N) = E + A (N / N_0)^(-a),   P_c(N) = P_c (N / N_0)^(-d),   N_0 = 1e6
 
 P counts steps at the noise-free optimal learning rate. One step at learning rate eta makes
@@ -42,7 +43,7 @@ coordinate and whose noisy gradients shrink the part of it along the true gradie
 - Evaluation is of the groups' mean model (as the emulator and a FedAvg round make it).
 
 Parameters (fitted, in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d,
-E, ln A, a, ln kappa, L_u, ln P_1, ln P_e, e. L_0 is each run's untrained loss (measured, or
+E, ln A, a, ln kappa, L_u, ln P_1, ln P_e, e, ln w, eps. L_0 is each run's untrained loss (measured, or
 ln(vocab)).
 """
 
@@ -59,7 +60,8 @@ N_REF = 1e6
 PARAMS = ("log_lr_star", "lr_size_exponent", "log_noise_star", "noise_loss_exponent",
           "log_progress_scale", "exponent", "progress_size_exponent", "loss_floor",
           "log_floor_coef", "floor_size_exponent", "log_fl_kappa", "unigram_loss",
-          "log_unigram_scale", "log_escape", "escape_size_exponent")
+          "log_unigram_scale", "log_escape", "escape_size_exponent", "log_escape_width",
+          "fl_escape_exponent")
 IDX = {p: i for i, p in enumerate(PARAMS)}
 # what each parameter means, for reports and profiles
 DESCRIBE = {
@@ -78,6 +80,8 @@ DESCRIBE = {
     "log_unigram_scale": "ln P_1: progress that learns the token frequencies",
     "log_escape": "ln P_e: progress to leave the unigram solution at 1e6 params",
     "escape_size_exponent": "e in P_e(N) = P_e (N / 1e6)^-e",
+    "log_escape_width": "ln w: the escape is spread over w P_e of progress",
+    "fl_escape_exponent": "eps: averaged groups leave the saddle G_eff^-eps as fast",
 }
 # parameters that belong to the data and tokenizer rather than to the optimizer's dynamics:
 # a scenario on other data replaces them (convergence.data_constants) and says so
@@ -97,13 +101,14 @@ def bounds(floor_min: float, best_loss: float, loss_init: float) -> Bounds:
     top = max(floor_min + 1e-3, best_loss - 1e-3)
     lo = np.array([math.log(1e-6), -1.0, math.log(1.0), 0.0, math.log(1e-3), 0.02, -2.0,
                    floor_min, math.log(1e-4), 0.0, math.log(1e-4), floor_min, math.log(1e-3),
-                   math.log(1e-4), -2.0])
+                   math.log(1e-4), -2.0, math.log(0.01), 0.0])
     hi = np.array([math.log(10.0), 2.0, math.log(1e12), 12.0, math.log(1e6), 4.0, 2.0,
                    top, math.log(1e2), 2.0, math.log(1e3), loss_init, math.log(1e3),
-                   math.log(1e4), 3.0])
+                   math.log(1e4), 3.0, math.log(2.0), 3.0])
     x0 = np.array([math.log(3e-3), 0.3, math.log(1e4), 2.0, math.log(10.0), 0.5, 0.0,
                    floor_min + 0.5 * (best_loss - floor_min), math.log(0.3), 0.3, 0.0,
-                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(1.0), 0.5])
+                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(1.0), 0.5,
+                   math.log(0.2), 0.3])
     return Bounds(lo, hi, np.clip(x0, lo + 1e-6, hi - 1e-6))
 
 
@@ -124,28 +129,37 @@ def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]
     span2, span1 = unigram - floor, l0 - unigram
     p1 = np.exp(col["log_unigram_scale"])
     p_esc = np.exp(col["log_escape"]) * n_rel ** (-col["escape_size_exponent"])
+    width = np.exp(col["log_escape_width"]) * p_esc
     alpha = col["exponent"]
     b_star, nexp = np.exp(col["log_noise_star"]), col["noise_loss_exponent"]
     kappa = np.exp(col["log_fl_kappa"])
     groups = np.array([float(s.groups) if s.federated else 1.0 for s in shapes])[None, :]
     log_k = np.array([math.log(max(1, s.aggregate_every)) for s in shapes])[None, :]
     g_eff = groups ** (1.0 / (1.0 + kappa * log_k))  # (n, m)
+    esc_fl = g_eff ** (-col["fl_escape_exponent"])  # (n, m): 1 for one model
     most = max(s.steps for s in shapes)
     lrs = np.zeros((len(shapes), most))
     for j, s in enumerate(shapes):
         lrs[j, : s.steps] = s.lr_values()
     out = np.empty((theta.shape[0], len(shapes), most + 1))
     progress = np.zeros((theta.shape[0], len(shapes)))
+    escape = np.zeros_like(progress)
+    p2 = np.zeros_like(progress)
     loss = np.broadcast_to(l0, progress.shape).copy()
-    loss = np.broadcast_to(loss, progress.shape).copy()
     out[:, :, 0] = loss
     for i in range(most):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
         s2 = b / (b + b_noise)
         q = s2 + (1.0 - s2) / g_eff
         x = lrs[:, i][None, :] / lr_star
-        progress = np.maximum(progress + 2.0 * x * np.sqrt(s2) - x * x * q, 0.0)
-        p2 = progress * progress / (progress + p_esc)
+        dp = 2.0 * x * np.sqrt(s2) - x * x * q
+        progress = np.maximum(progress + dp, 0.0)
+        # leaving the saddle: the context stage moves once the escape coordinate has passed
+        # P_e (a logistic gate over w P_e); averaged groups escape along different directions
+        # and their mean less: the escape advances G_eff^-eps as fast
+        escape = np.maximum(escape + dp * esc_fl, 0.0)
+        gate = 0.5 * (1.0 + np.tanh(0.5 * (escape - p_esc) / width))
+        p2 = np.maximum(p2 + dp * gate, 0.0)
         loss = (floor + span2 * np.power(1.0 + p2 / pc, -alpha)
                 + span1 * np.exp(-progress / p1))
         out[:, :, i + 1] = loss

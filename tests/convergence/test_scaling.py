@@ -22,7 +22,8 @@ TRUE = {"log_lr_star": math.log(4e-3), "lr_size_exponent": 0.35,
         "log_progress_scale": math.log(8.0), "exponent": 0.6, "progress_size_exponent": 0.2,
         "loss_floor": 1.2, "log_floor_coef": math.log(0.4), "floor_size_exponent": 0.3,
         "log_fl_kappa": math.log(0.5), "unigram_loss": 3.0, "log_unigram_scale": math.log(0.5),
-        "log_escape": math.log(2.0), "escape_size_exponent": 0.8}
+        "log_escape": math.log(2.0), "escape_size_exponent": 0.8,
+        "log_escape_width": math.log(0.2), "fl_escape_exponent": 0.5}
 X = np.array([TRUE[p] for p in scaling.PARAMS])
 L0 = 5.5
 
@@ -48,16 +49,20 @@ def test_one_step_is_the_closed_form():
     s2 = s.batch_tokens / (s.batch_tokens + bn)
     q = s2 + (1 - s2) / 8  # K = 1: G_eff = G
     dp = 2 * x * math.sqrt(s2) - x * x * q
-    assert c[2] == pytest.approx(loss_of(dp, s.params), rel=1e-12)
+    # averaged groups leave the saddle G_eff^-eps as fast (G_eff = G at K = 1)
+    escape = dp * 8 ** -TRUE["fl_escape_exponent"]
+    assert c[2] == pytest.approx(loss_of(dp, s.params, escape), rel=1e-12)
 
 
-def loss_of(progress: float, params: float) -> float:
-    """The model's loss at a progress, by hand."""
+def loss_of(progress: float, params: float, escape: float | None = None) -> float:
+    """The model's loss after one step of `progress` (and escape coordinate), by hand."""
     n_rel = params / 1e6
     pc = math.exp(TRUE["log_progress_scale"]) * n_rel ** -TRUE["progress_size_exponent"]
     floor = TRUE["loss_floor"] + 0.4 * n_rel ** -TRUE["floor_size_exponent"]
     pe = 2.0 * n_rel ** -TRUE["escape_size_exponent"]
-    p2 = progress**2 / (progress + pe)
+    e = progress if escape is None else escape
+    gate = 0.5 * (1 + math.tanh(0.5 * (e - pe) / (0.2 * pe)))
+    p2 = progress * gate
     lu = TRUE["unigram_loss"]
     return (floor + (lu - floor) * (1 + p2 / pc) ** -TRUE["exponent"]
             + (L0 - lu) * math.exp(-progress / 0.5))
@@ -85,12 +90,26 @@ def test_larger_batches_and_more_groups_never_learn_slower_per_step():
     c = [curve(shape(batch_tokens=b)) for b in (128, 1024, 8192)]
     assert np.all(c[0] >= c[1] - 1e-12) and np.all(c[1] >= c[2] - 1e-12)
     assert c[0][-1] > c[2][-1] + 0.01
-    fl = [curve(shape(batch_tokens=128, groups=g, aggregate_every=1)) for g in (1, 4, 64)]
+    # without the saddle's penalty on averaging (eps = 0), more groups at K = 1 never learn
+    # slower, and averaging fades with K
+    x = X.copy()
+    x[scaling.IDX["fl_escape_exponent"]] = 0.0
+    fl = [curve(shape(batch_tokens=128, groups=g, aggregate_every=1), x) for g in (1, 4, 64)]
     assert np.all(fl[0] >= fl[1] - 1e-12) and np.all(fl[1] >= fl[2] - 1e-12)
-    # averaging fades with K
-    ks = [curve(shape(batch_tokens=128, groups=64, aggregate_every=k, lr=2e-2))[-1]
+    ks = [curve(shape(batch_tokens=128, groups=64, aggregate_every=k, lr=2e-2), x)[-1]
           for k in (1, 8, 64)]
     assert ks[0] <= ks[1] <= ks[2]
+
+
+def test_averaged_groups_leave_the_saddle_later():
+    """eps > 0: the mean of 64 groups reaches the context stage later than one group would
+    with the same per-step progress (its escape coordinate advances 64^-eps as fast)."""
+    kw = dict(batch_tokens=128, groups=64, aggregate_every=1, lr=1e-2, steps=64)
+    x0, x1 = X.copy(), X.copy()
+    x0[scaling.IDX["fl_escape_exponent"]] = 0.0
+    x1[scaling.IDX["fl_escape_exponent"]] = 1.0
+    free, held = curve(shape(**kw), x0), curve(shape(**kw), x1)
+    assert np.all(held >= free - 1e-12) and held[-1] > free[-1] + 0.05
 
 
 def test_averaging_is_worth_little_at_a_small_learning_rate():
