@@ -114,7 +114,30 @@ def bounds(floor_min: float, best_loss: float, loss_init: float) -> Bounds:
 
 def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]:
     """Loss after 0..steps optimizer steps for each shape, each (n, steps + 1), for n parameter
-    vectors theta (n, len(PARAMS)); all shapes advance together."""
+    vectors theta (n, len(PARAMS)); all shapes advance together, step by step."""
+    bounds = [np.arange(s.steps + 1) for s in shapes]
+    out = _integrate(theta, shapes, bounds)
+    return [out[:, j, : s.steps + 1] for j, s in enumerate(shapes)]
+
+
+def loss_at(theta: np.ndarray, shapes: list[Shape], at: list[np.ndarray],
+            max_blocks: int = 2048) -> list[np.ndarray]:
+    """Loss at the given steps of each shape, each (n, len(at[j])), integrating long runs in
+    at most about `max_blocks` blocks of steps: within a block the noise scale, and so s and q,
+    are those of its start, and the learning rate's sum and sum of squares are exact. A run of
+    at most `max_blocks` steps is integrated step by step, as loss_curves_many."""
+    bounds = []
+    for s, a in zip(shapes, at, strict=True):
+        grid = np.linspace(0, s.steps, min(s.steps, max_blocks) + 1).round().astype(int)
+        bounds.append(np.unique(np.concatenate([grid, np.asarray(a, int), [0, s.steps]])))
+    out = _integrate(theta, shapes, bounds)
+    return [out[:, j, np.searchsorted(bd, np.asarray(a, int))]
+            for j, (bd, a) in enumerate(zip(bounds, at, strict=True))]
+
+
+def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray]) -> np.ndarray:
+    """Loss at every block boundary (n, m, most blocks + 1); bounds[j] are the step counts
+    0 = b_0 < b_1 < ... < b_B = steps of shape j (shorter lists padded with empty blocks)."""
     theta = np.atleast_2d(np.asarray(theta, float))
     col = {p: theta[:, i][:, None] for p, i in IDX.items()}  # (n, 1) each
     n_rel = np.array([s.params / N_REF for s in shapes])[None, :]  # (1, m)
@@ -137,22 +160,27 @@ def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]
     log_k = np.array([math.log(max(1, s.aggregate_every)) for s in shapes])[None, :]
     g_eff = groups ** (1.0 / (1.0 + kappa * log_k))  # (n, m)
     esc_fl = g_eff ** (-col["fl_escape_exponent"])  # (n, m): 1 for one model
-    most = max(s.steps for s in shapes)
-    lrs = np.zeros((len(shapes), most))
-    for j, s in enumerate(shapes):
-        lrs[j, : s.steps] = s.lr_values()
-    out = np.empty((theta.shape[0], len(shapes), most + 1))
+    blocks = max(len(bd) - 1 for bd in bounds)
+    sum_lr = np.zeros((len(shapes), blocks))  # per block: sum of lr, sum of lr^2
+    sum_lr2 = np.zeros((len(shapes), blocks))
+    for j, (s, bd) in enumerate(zip(shapes, bounds, strict=True)):
+        lr = np.concatenate([[0.0], np.cumsum(s.lr_values())])
+        lr2 = np.concatenate([[0.0], np.cumsum(np.square(s.lr_values()))])
+        sum_lr[j, : len(bd) - 1] = np.diff(lr[bd])
+        sum_lr2[j, : len(bd) - 1] = np.diff(lr2[bd])
+    out = np.empty((theta.shape[0], len(shapes), blocks + 1))
     progress = np.zeros((theta.shape[0], len(shapes)))
     escape = np.zeros_like(progress)
     p2 = np.zeros_like(progress)
     loss = np.broadcast_to(l0, progress.shape).copy()
     out[:, :, 0] = loss
-    for i in range(most):
+    for i in range(blocks):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
         s2 = b / (b + b_noise)
         q = s2 + (1.0 - s2) / g_eff
-        x = lrs[:, i][None, :] / lr_star
-        dp = 2.0 * x * np.sqrt(s2) - x * x * q
+        sx = sum_lr[:, i][None, :] / lr_star  # sum of x = lr / eta* over the block
+        sx2 = sum_lr2[:, i][None, :] / (lr_star * lr_star)
+        dp = 2.0 * sx * np.sqrt(s2) - sx2 * q
         progress = np.maximum(progress + dp, 0.0)
         # leaving the saddle: the context stage moves once the escape coordinate has passed
         # P_e (a logistic gate over w P_e); averaged groups escape along different directions
@@ -163,7 +191,7 @@ def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]
         loss = (floor + span2 * np.power(1.0 + p2 / pc, -alpha)
                 + span1 * np.exp(-progress / p1))
         out[:, :, i + 1] = loss
-    return [out[:, j, : s.steps + 1] for j, s in enumerate(shapes)]
+    return out
 
 
 def optimal_lr(theta: np.ndarray, params: float) -> float:
