@@ -25,6 +25,13 @@ def _sort_key(v: Any) -> tuple:
     return (0, float(v), "") if isinstance(v, (int, float)) else (1, 0.0, str(v))
 
 
+def _tick(v: object) -> str:
+    """A swept value as a tick label, cut to 40 characters (a long string would take the
+    figure's whole width and seconds to lay out)."""
+    text = str(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _fmt(value: str, v: float) -> str:
     if value in ("speedup", "epoch_speedup"):
         return f"{v:.2f}x"
@@ -119,9 +126,9 @@ def plot_heatmap(rows: Sequence[Mapping[str, Any]], *, x: str, y: str,
             ax.text(j, i, "n/a" if st == "invalid" else st, ha="center", va="center",
                     fontsize=7, color="0.35")
     ax.set_xticks(range(len(xs)))
-    ax.set_xticklabels([str(v) for v in xs])
+    ax.set_xticklabels([_tick(v) for v in xs])
     ax.set_yticks(range(len(ys)))
-    ax.set_yticklabels([str(v) for v in ys])
+    ax.set_yticklabels([_tick(v) for v in ys])
     ax.set_xlabel(key_label(x))
     ax.set_ylabel(key_label(y))
     baseline = next((r.get("baseline") for r in rows if r.get("baseline")), "the baseline")

@@ -85,6 +85,15 @@ class SweepRow(_Open):
     speedup: Positive | None = None
     mfu: NonNegative | None = None
 
+    @pydantic.model_validator(mode="after")
+    def _simulated_rows_have_results(self) -> SweepRow:
+        """A simulated row (ok) has its step time and throughputs, as simfed sweep writes it."""
+        if self.status == "ok":
+            for key in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"{key} is missing, but the row's status is ok (simulated)")
+        return self
+
 
 class SweepFile(_Open):
     sweep: dict[str, Any] = {}

@@ -395,7 +395,8 @@ CHROME_RULES = {  # profiler.check_times and the NCCL kernel checks (samples.rea
 }
 SPAN_RULES = {  # spec.trace.Span.from_dict and the collective samples (samples.py)
     "rank": Rule("int", 0, None, **LENIENT), "step": Rule("int", None, None, **LENIENT),
-    "start_s": Rule("num", None, None, **LENIENT), "dur_s": Rule("num", 1e-9, 1e7, **LENIENT),
+    "start_s": Rule("num", None, None, **LENIENT),
+    "dur_s": Rule("num", 0, 1e7, **LENIENT),  # (0: not a sample, skipped)
     "nbytes": Rule("int", 0, 2**50, required=False, **LENIENT),
     "attrs.ranks[*]": Rule("int", 0, 3, **LENIENT),
 }

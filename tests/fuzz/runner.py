@@ -37,7 +37,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cases import EITHER, INVALID, OUTSIDE, VALID, Case
+from .cases import EITHER, INVALID, OUTSIDE, SCENARIOS, VALID, Case
 
 BAD = ("accepted_invalid", "multiline_error", "traceback", "internal_error", "hang", "crash",
        "invalid_json", "stray_file", "replaced", "other_exit")
@@ -66,10 +66,25 @@ def _on_alarm(signum, frame):
     raise Hang()
 
 
-def _init_worker() -> None:
+def _init_worker(realrun: bool = False) -> None:
+    """Limits and the alarm; the command lines imported here, outside any case's time limit
+    (an import cut short by the alarm would leave a module half-initialised for every later
+    case of the worker: torch's takes seconds on a loaded host)."""
     import resource
 
     os.environ["OMP_NUM_THREADS"] = "1"
+    import matplotlib.figure  # noqa: F401 - the plots' import, outside the cases' time
+
+    import simfed.cli
+    import simfed.engine  # noqa: F401
+    if realrun:  # torch imports more on first use (torch._dynamo in a first backward): warm up
+        from click.testing import CliRunner
+
+        import realrun.cli
+
+        CliRunner().invoke(realrun.cli.main, [
+            "converge", str(SCENARIOS / "cpu4.yaml"), "-a", "fl_fsdp", "--set",
+            "training.steps=1", "--set", "training.eval_sequences=4"])
     try:
         _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(
@@ -251,8 +266,9 @@ def run_cases(cases: list[Case], jobs: int = 1, progress=None, chunk: int = 8,
             progress(r)
 
     batches = [cases[i:i + chunk] for i in range(0, len(cases), chunk)]
+    init = (_init_worker, (any(c.prog == "realrun" for c in cases),))
     try:
-        with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, initializer=init[0], initargs=init[1]) as pool:
             for fut in [pool.submit(_run_batch, b, time_limit_s) for b in batches]:
                 try:
                     for r in fut.result():
@@ -265,7 +281,8 @@ def run_cases(cases: list[Case], jobs: int = 1, progress=None, chunk: int = 8,
         if c.id in results:
             continue
         try:
-            with ProcessPoolExecutor(max_workers=1, initializer=_init_worker) as pool:
+            with ProcessPoolExecutor(max_workers=1, initializer=init[0],
+                                     initargs=init[1]) as pool:
                 done(pool.submit(run_case, c, time_limit_s).result())
         except BrokenProcessPool:
             done(Result(c.id, c.kind, c.what, c.expect, "crash", None, 0.0,
