@@ -34,17 +34,15 @@ from simfed.spec.ops import OPS
 from simfed.spec.overrides import parse_sets
 from simfed.spec.paths import write_text_atomic
 
+from .bench_cases import GROUP_KINDS, PARTS
 from .bench_summary import SUMMARY, TRACE_GLOB, BenchError, format_summary, summarize
 from .testbed import DEFAULT_PREFIX, TestbedError, testbed_for
 from .torchrun import run_jobs, torchrun_argv
 
 WORKER = "realrun.bench_worker"
-GROUP_KINDS = ("intra", "inter", "world", "fl")  # fl: the scenario's federation groups, one
-# rank per node position in each block of group_nodes nodes (summary group "nodes{b}")
 MAX_NPROC = 64
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
           "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
-PARTS = ("comm", "compute", "units", "optimizer", "checks")
 DEFAULT_SIZES = "4K,64K,512K,2M"
 QUICK = {"sizes": "4K,256K", "flops": "1e6,1e7", "iters": 3, "check_iters": 3, "unit_iters": 2,
          "opt_iters": 2, "rounds": 1}

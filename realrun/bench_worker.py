@@ -47,9 +47,10 @@ from typing import Any
 import torch.distributed as dist
 
 from simfed.spec import Scenario, SpecError, load_scenario
+from simfed.spec.ops import OPS
 from simfed.spec.overrides import parse_sets
 
-from .bench import GROUP_KINDS, OPS, PARTS
+from .bench_cases import GROUP_KINDS, PARTS
 from .bench_checks import checks
 from .bench_contention import compute_beside_busy, group_drift
 from .bench_rank import Bench

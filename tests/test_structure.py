@@ -163,3 +163,15 @@ def test_no_module_over_600_lines():
     long = {str(p.relative_to(ROOT)): n for p in _modules().values()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {long}"
+
+
+# realrun's command-line modules (launchers) sit above the code the ranks run: nothing they
+# launch imports them (a package's __init__ may re-export its own command)
+REALRUN_LAUNCHERS = {"realrun.cli", "realrun.bench", "realrun.launch", "realrun.testbed.cli"}
+
+
+def test_realrun_ranks_never_import_the_launchers():
+    bad = [f"{m} -> {t}" for m, ts in _imports().items() if m.startswith("realrun")
+           and m not in REALRUN_LAUNCHERS for t in ts
+           if t in REALRUN_LAUNCHERS and not t.startswith(m + ".")]
+    assert not bad, f"imports of realrun's launchers from below them: {bad}"
