@@ -96,7 +96,10 @@ class TraceWriter:
     def __init__(self, path: str | Path, meta: dict[str, Any], *, fsync: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # O_NONBLOCK only for the open: a FIFO nobody reads is an error, not a wait forever
+        self._fd: int | None = os.open(
+            self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o644)
+        os.set_blocking(self._fd, True)
         self._fsync = fsync
         self._size = 0  # bytes of whole lines written
         self.failed: OSError | None = None

@@ -100,6 +100,10 @@ SWEEPS = [
     ("status unknown", lambda d: d["rows"][0].__setitem__("status", "great"), None,
      ["rows[0].status"]),
     ("a list", None, "[1, 2]", ["the top level"]),
+    # before: TypeError in plot scaling (exit 3), found by the fuzzer
+    ("an ok row without its per-GPU throughput",
+     lambda d: d["rows"][0].__setitem__("tokens_per_s_per_gpu", None), None,
+     ["rows[0]", "tokens_per_s_per_gpu is missing, but the row's status is ok"]),
     ("NaN", None, "NaN", ["NaN is not a JSON number"]),
     ("deep", None, "[" * 100_000 + "]" * 100_000, ["nested deeper than 64"]),
 ]

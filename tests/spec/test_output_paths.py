@@ -262,3 +262,20 @@ def test_realrun_summaries_and_the_study_file_write_a_device_in_place(tmp_path):
     write_json_atomic(dev, {"a": 1})
     write_text_atomic(dev, "{}")
     assert stat.S_ISCHR(os.lstat(dev).st_mode)
+
+
+def test_a_streamed_trace_into_a_fifo_without_a_reader_fails_at_once(tmp_path):
+    """realrun's ranks stream their traces (TraceWriter): a FIFO left at a trace's path with
+    nobody reading is an error at open, not a rank blocked until the run's timeout."""
+    import errno
+
+    from simfed.spec.trace import TraceWriter
+
+    fifo = tmp_path / "trace_rank0.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError) as exc:
+        TraceWriter(fifo, {"rank": 0})
+    assert exc.value.errno == errno.ENXIO
+    with TraceWriter(tmp_path / "t.jsonl", {"rank": 0}):  # a regular file as before
+        pass
+    assert (tmp_path / "t.jsonl").read_text().startswith('{"meta":{"rank":0}')
