@@ -85,7 +85,7 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
     if not runs:
         raise SpecError("--convergence: no runs the scaling model describes in these files")
     fmin = floor_min(studies)
-    checks = held_out_checks(runs, fmin)
+    checks = held_out_checks(runs, fmin, draws=min(draws, 20))
     f = fitting.fit(runs, fmin)
     boot = (fitting.bootstrap(runs, draws, floor_min=fmin, x0=f["x"]) if draws
             else np.empty((0, 0)))

@@ -30,12 +30,19 @@ BAND = (0.1, 0.9)
 ON_BOUND = 1e-3  # a parameter within this fraction of its range from a bound is "on" it
 
 
-def _prepare(runs: list[Run]) -> tuple[list[Shape], list[int], list[np.ndarray], np.ndarray]:
+def _prepare(runs: list[Run]) -> tuple[list[Shape], list[np.ndarray], list[int],
+                                        list[np.ndarray], np.ndarray]:
+    """Distinct shapes, the steps each is evaluated at (every run's of that shape), and for
+    every run its shape and the positions of its evaluation points among those steps."""
     shapes = list(dict.fromkeys(r.shape for r in runs))
     which = [shapes.index(r.shape) for r in runs]
-    idx = [np.array(r.eval_steps[1:], int) for r in runs]
+    at = [np.unique(np.concatenate([np.array(r.eval_steps[1:], int) for r, w in
+                                    zip(runs, which, strict=True) if w == j]))
+          for j in range(len(shapes))]
+    idx = [np.searchsorted(at[w], np.array(r.eval_steps[1:], int))
+           for r, w in zip(runs, which, strict=True)]
     meas = np.concatenate([np.array(r.eval_loss[1:]) for r in runs])
-    return shapes, which, idx, meas
+    return shapes, at, which, idx, meas
 
 
 # starting points besides the box's own (a multiplicative nudge of one parameter each, in the
@@ -46,7 +53,8 @@ STARTS = ({}, {"log_lr_star": 1.2}, {"log_lr_star": -1.2}, {"log_escape": 2.3},
 
 
 def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None = None,
-        x0: np.ndarray | None = None) -> dict[str, Any]:
+        x0: np.ndarray | None = None, max_blocks: int = 2048,
+        starts: tuple[dict[str, float], ...] = STARTS) -> dict[str, Any]:
     """Least squares of the scaling model over every evaluation point after step 0 of `runs`,
     from the best of STARTS (or from `x0`); `fixed` pins parameters by name (they get zero
     variance)."""
@@ -60,7 +68,7 @@ def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None 
     if pts < 3 * int(free.sum()):
         raise SpecError(f"convergence fit: {pts} evaluation points for {int(free.sum())} "
                         f"parameters; need at least {3 * int(free.sum())}")
-    shapes, which, idx, meas = _prepare(runs)
+    shapes, at, which, idx, meas = _prepare(runs)
     best = float(min(min(r.eval_loss) for r in runs))
     bnd = scaling.bounds(floor_min, best, float(np.mean([r.eval_loss[0] for r in runs])))
     base = bnd.x0.copy()
@@ -73,7 +81,7 @@ def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None 
         return xs
 
     def predict(xf: np.ndarray) -> np.ndarray:  # (n, free) -> (n, points)
-        curves = scaling.loss_curves_many(full(xf), shapes)
+        curves = scaling.loss_at(full(xf), shapes, at, max_blocks)
         return np.concatenate([curves[w][:, i] for w, i in zip(which, idx, strict=True)],
                               axis=1)
 
@@ -88,17 +96,17 @@ def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None 
         rows = predict(np.vstack([xf, xf + np.diag(h)]))
         return ((rows[1:] - rows[0]) / h[:, None]).T
 
-    starts = []
+    inits = []
     if x0 is not None:
-        starts.append(np.clip(np.asarray(x0, float)[free], lo + 1e-9, hi - 1e-9))
+        inits.append(np.clip(np.asarray(x0, float)[free], lo + 1e-9, hi - 1e-9))
     else:
-        for nudge in STARTS:
+        for nudge in starts:
             x = bnd.x0.copy()
             for k, v in nudge.items():
                 x[scaling.IDX[k]] += v
-            starts.append(np.clip(x[free], lo + 1e-9, hi - 1e-9))
+            inits.append(np.clip(x[free], lo + 1e-9, hi - 1e-9))
     sol = None
-    for start in starts:
+    for start in inits:
         trial = least_squares(resid, start, jac=jac, bounds=(lo, hi), x_scale="jac")
         if sol is None or trial.cost < sol.cost:
             sol = trial

@@ -146,7 +146,10 @@ def parse(prof: Any, model: str, where: str = "convergence.profile") -> Any:
     if model == "noise_progress" and prof.get("model", "noise_progress") != "noise_progress":
         raise SpecError(f"{where}: a {prof.get('model')!r} profile, but convergence.model is "
                         "noise_progress")
-    p = cls.parse(prof, where)
+    try:
+        p = cls.parse(prof)
+    except SpecError as exc:  # "params.exponent: ..." -> "convergence.profile.params.exponent"
+        raise SpecError(f"{where}.{exc}" if where else str(exc)) from None
     n = len(scaling.PARAMS) if model == "scaling" else len(noise_model.PARAMS)
     for key in ("covariance", "draws"):
         m = getattr(p, key)

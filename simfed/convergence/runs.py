@@ -32,9 +32,14 @@ class Shape:
     outer_lr: float = 1.0
     outer_momentum: float = 0.0
     loss_init: float = 0.0  # the untrained model's loss (nats/token)
+    final_lr_fraction: float = 0.0  # cosine: decays to this fraction of the peak
+    lr_knots: tuple[tuple[int, float], ...] = ()  # a published schedule: (step, lr), linear
 
     def lr_values(self) -> np.ndarray:
-        return _lr_values(self.steps, self.warmup_steps, self.schedule, self.lr)
+        if self.lr_knots:
+            return _lr_knots(self.steps, self.warmup_steps, self.lr_knots)
+        return _lr_values(self.steps, self.warmup_steps, self.schedule, self.lr,
+                          self.final_lr_fraction)
 
     @property
     def federated(self) -> bool:
@@ -42,9 +47,30 @@ class Shape:
 
 
 @functools.lru_cache(maxsize=512)
-def _lr_values(steps: int, warmup_steps: int, schedule: str, lr: float) -> np.ndarray:
-    f = lr * np.array([lr_factor(i, steps=steps, warmup_steps=warmup_steps, schedule=schedule)
-                       for i in range(steps)])
+def _lr_values(steps: int, warmup_steps: int, schedule: str, lr: float,
+               final_fraction: float = 0.0) -> np.ndarray:
+    """The paper's schedule (spec.schedule.lr_factor: warm-up from 0, cosine to 0 or constant);
+    a cosine that ends at final_fraction of the peak is the same cosine lifted by it."""
+    f = np.array([lr_factor(i, steps=steps, warmup_steps=warmup_steps, schedule=schedule)
+                  for i in range(steps)])
+    if final_fraction and schedule == "cosine":
+        after = np.arange(steps) >= warmup_steps
+        f[after] = final_fraction + (1.0 - final_fraction) * f[after]
+    f = lr * f
+    f.setflags(write=False)
+    return f
+
+
+@functools.lru_cache(maxsize=512)
+def _lr_knots(steps: int, warmup_steps: int, knots: tuple[tuple[int, float], ...]
+              ) -> np.ndarray:
+    """A published schedule: linear between its (step, lr) points; before the first, a linear
+    warm-up from 0 at step 0 (to the first point's value at its step)."""
+    at = np.array([k[0] for k in knots], float)
+    lr = np.array([k[1] for k in knots], float)
+    if at[0] > 0:
+        at, lr = np.concatenate([[0.0], at]), np.concatenate([[0.0], lr])
+    f = np.interp(np.arange(steps, dtype=float), at, lr)
     f.setflags(write=False)
     return f
 

@@ -11,7 +11,8 @@ rates sit on that plateau for long); averaged federation groups leave it along d
 directions, so their mean leaves it later (eps, fitted):
 
     L = L_inf(N) + (L_u - L_inf(N)) (1 + P_2 / P_c(N))^(-alpha) + (L_0 - L_u) exp(-P / P_1)
-    dP_2 = dP sigma((E - P_e(N)) / (w P_e(N))),   dE = dP G_eff^(-eps),   P_e(N) = P_e (N / N_0)^(-e)
+    dP_2 = dP sigma((E - P_e(N)) / (w P_e(N))),   dE = dP G_eff^(-eps)
+    P_e(N) = P_e (N / N_0)^(-e)
     L_inf(N) = E + A (N / N_0)^(-a),   P_c(N) = P_c (N / N_0)^(-d),   N_0 = 1e6
 
 P counts steps at the noise-free optimal learning rate. One step at learning rate eta makes
@@ -43,8 +44,8 @@ coordinate and whose noisy gradients shrink the part of it along the true gradie
 - Evaluation is of the groups' mean model (as the emulator and a FedAvg round make it).
 
 Parameters (fitted, in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d,
-E, ln A, a, ln kappa, L_u, ln P_1, ln P_e, e, ln w, eps. L_0 is each run's untrained loss (measured, or
-ln(vocab)).
+E, ln A, a, ln kappa, L_u, ln P_1, ln P_e, e, ln w, eps. L_0 is each run's untrained loss
+(measured, or ln(vocab)).
 """
 
 from __future__ import annotations

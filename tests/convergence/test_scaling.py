@@ -154,3 +154,125 @@ def test_fit_refuses_too_few_points_and_unknown_fixed():
         fitting.fit(one)
     with pytest.raises(SpecError, match="unknown parameter 'bogus'"):
         fitting.fit(synthetic_runs((1e5,)), fixed={"bogus": 1.0})
+
+
+# ---- end to end: size-study files -> simfed calibrate --convergence -> a scenario ------------
+
+def size_study(hidden: int, params: float, steps: tuple[int, ...] = (32,)) -> dict:
+    """A size-study file (realrun converge-study's form) whose curves the model made."""
+    grid = [("fsdp", 8, 0, 3e-3), ("fsdp", 1, 0, 3e-3), ("fsdp", 32, 0, 1e-2),
+            ("fl_fsdp", 8, 1, 3e-3), ("fl_fsdp", 8, 8, 1e-2), ("fsdp", 8, 0, 1e-3)]
+    runs = []
+    for total in steps:
+        for alg, n, k, lr in grid:
+            groups = n if alg == "fl_fsdp" else 1
+            b = 4 if alg == "fl_fsdp" else 4 * n
+            s = Shape(params=params, batch_tokens=b * 32.0, steps=total, lr=lr,
+                      warmup_steps=max(1, round(0.1 * total)), groups=groups,
+                      aggregate_every=k, loss_init=L0)
+            c = curve(s)
+            ev = list(range(0, total + 1, total // 8))
+            runs.append({"key": f"{alg}/n{n}/k{k}/lr{lr:g}/s{total}", "seed": 0,
+                         "algorithm": alg, "groups": groups, "batch_per_model": b,
+                         "seq_len": 32, "aggregate_every": k or None, "lr": lr,
+                         "steps": total, "warmup_steps": s.warmup_steps,
+                         "lr_schedule": "cosine", "optimizer": "adamw", "eval_steps": ev,
+                         "eval_loss": [float(c[i]) for i in ev], "train_loss": [],
+                         "noise": []})
+    return {"schema": "realrun.convergence_study/1", "experiment": f"made-h{hidden}",
+            "what": "curves of known parameters",
+            "model": {"name": f"h{hidden}", "params": params + 256 * hidden, "vocab": 256,
+                      "layers": 2, "hidden": hidden, "non_embedding_params": params},
+            "data": {"source": "kjv", "entropy_floor_nats": None, "describe": "made"},
+            "recipe": {"paper_lr": 3e-4}, "ranks_per_group": 4, "micro_batch": 1,
+            "runs": runs}
+
+
+@pytest.fixture(scope="module")
+def scaling_profile(tmp_path_factory):
+    import json
+
+    import yaml
+
+    from simfed.convergence.calibrate import calibrate_convergence
+
+    d = tmp_path_factory.mktemp("sizes")
+    paths = []
+    for h, n in ((64, 1e5), (128, 4e5), (256, 1.6e6)):
+        p = d / f"made-h{h}.json"
+        p.write_text(json.dumps(size_study(h, n)))
+        paths.append(p)
+    out = d / "profile.yaml"
+    lines = calibrate_convergence(paths, out, d / "report.json", draws=2)
+    assert any("held out, across size" in line for line in lines)
+    return yaml.safe_load(out.read_text())
+
+
+def scaling_scenario(profile, **over):
+    from simfed.spec import load_scenario
+
+    from ..conftest import SCENARIOS
+
+    base = {"training.steps": 32, "training.warmup_steps": 3, "training.lr": 3e-3,
+            "convergence.model": "scaling", "convergence.profile": profile,
+            "cluster.nodes": 8, "data.source": "kjv"}
+    return load_scenario(SCENARIOS / "convergence-tiny.yaml", {**base, **over})
+
+
+def test_calibrated_profile_predicts_time_to_target(scaling_profile):
+    import json
+
+    from simfed.engine import simulate
+
+    assert scaling_profile["model"] == "scaling"
+    assert [c["what"] for c in scaling_profile["checks"]] == ["across size"]
+    scn = scaling_scenario(scaling_profile, **{"convergence.target_loss": 3.5})
+    out, _ = simulate(scn)
+    conv = out["convergence"]
+    assert conv["model"] == "scaling" and conv["rule"].startswith("a federated run")
+    for a in out["algorithms"]:
+        s = a["steps_to_target"]
+        curve_ = a["convergence"]["loss_curve"]
+        assert s is not None and curve_[s] <= 3.5 < curve_[s - 1]
+        lo, hi = a["steps_to_target_interval"]
+        assert lo is None or hi is None or lo <= hi
+        k = a["aggregate_every"]
+        off = bool(k) and s % k != 0 and s < 32
+        assert a["fedavg_to_reach_target"] == off
+        extra = a["aggregation_per_event_s"] if off else 0.0
+        assert a["time_to_target_s"] == pytest.approx(sum(a["step_times_s"][:s]) + extra)
+    again, _ = simulate(scn)
+    assert json.dumps(again, sort_keys=True) == json.dumps(out, sort_keys=True)
+
+
+def test_extrapolation_and_data_constants_are_said(scaling_profile):
+    from simfed.engine import simulate
+
+    out, _ = simulate(scaling_scenario(scaling_profile, **{"training.lr": 0.1,
+                                                           "model.hidden": 512,
+                                                           "model.ffn_hidden": 1408}))
+    ex = " | ".join(out["convergence"]["extrapolation"])
+    assert "learning rate 0.1 outside the fitted 0.001..0.01" in ex
+    assert "model size (non-embedding params)" in ex
+    with pytest.raises(SpecError, match=r"convergence.data_constants: the profile was fitted "
+                                        r"on kjv \(vocab 256\)"):
+        simulate(scaling_scenario(scaling_profile, **{"model.vocab": 1024}))
+    out, _ = simulate(scaling_scenario(scaling_profile, **{
+        "model.vocab": 1024, "convergence.data_constants": {"loss_floor": 1.0,
+                                                            "unigram_loss": 4.0}}))
+    assert out["convergence"]["data_constants"] == ["loss_floor 1", "unigram_loss 4"]
+    assert out["convergence"]["loss_init"] == pytest.approx(math.log(1024))
+
+
+def test_a_bad_profile_is_one_line(scaling_profile):
+    bad = {**scaling_profile, "params": {**scaling_profile["params"], "exponent": -3}}
+    with pytest.raises(SpecError, match=r"convergence.profile.params.exponent: input should "
+                                        r"be greater than 0"):
+        from simfed.engine import simulate
+
+        simulate(scaling_scenario(bad))
+    extra = {**scaling_profile, "bogus": 1}
+    with pytest.raises(SpecError, match="convergence.profile.bogus: unknown key"):
+        from simfed.engine import simulate
+
+        simulate(scaling_scenario(extra))
