@@ -51,6 +51,14 @@ def _apply_data_constants(scn: Scenario, x: np.ndarray, draws: np.ndarray) -> li
     given = scn.convergence.data_constants or {}
     notes = []
     for name, value in given.items():
+        if name == "optimal_lr":
+            # eta*(N) of the scenario's model as given; each draw keeps its own size exponent
+            c = scaling.IDX["lr_size_exponent"]
+            n_rel = non_embedding_params(scn) / scaling.N_REF
+            x[scaling.IDX["log_lr_star"]] = math.log(value) + x[c] * math.log(n_rel)
+            draws[:, scaling.IDX["log_lr_star"]] = math.log(value) + draws[:, c] * math.log(n_rel)
+            notes.append(f"optimal_lr {value:g}")
+            continue
         param, tf = DATA_CONSTANTS[name]
         j = scaling.IDX[param]
         x[j] = tf(value)
@@ -117,11 +125,12 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
     c = scn.convergence
     prof = parse(c.profile, "scaling")
     rng_vocab = prof.fitted_range.vocab
-    if rng_vocab != scn.model.vocab and not c.data_constants:
+    missing = [k for k in DATA_CONSTANTS if k not in (c.data_constants or {})]
+    if rng_vocab != scn.model.vocab and missing:
         raise SpecError(
             f"convergence.data_constants: the profile was fitted on {prof.fitted_range.data} "
             f"(vocab {rng_vocab}) but {scn.model.name} has vocab {scn.model.vocab}: give this "
-            f"data's constants ({', '.join(DATA_CONSTANTS)}), or fit a profile on it")
+            f"data's constants (missing: {', '.join(missing)}), or fit a profile on it")
     loss_init = math.log(scn.model.vocab)
     x = _vector(prof)
     boot = np.array(prof.draws, float) if prof.draws else np.empty((0, len(x)))

@@ -308,7 +308,8 @@ class ConvergenceSpec:
     data_constants: dict[str, float] = param(
         None, doc="scaling: the constants of another corpus and tokenizer in place of the "
         "profile's (loss_floor, floor_coef, floor_size_exponent, noise_star_tokens, "
-        "noise_loss_exponent, unigram_loss), each with its source in a comment; listed in the "
+        "noise_loss_exponent, unigram_loss; optimal_lr: the noise-free optimal learning rate "
+        "of the scenario's model), each with its source in a comment; listed in the "
         "output")
     samples: int = param(200, ge=10, le=10000, doc="parameter draws for the uncertainty band")
 
@@ -327,12 +328,12 @@ class ConvergenceSpec:
                 raise SpecError("convergence.data_constants: only the scaling model has data "
                                 f"constants; model is {self.model}")
             known = ("loss_floor", "floor_coef", "floor_size_exponent", "noise_star_tokens",
-                     "noise_loss_exponent", "unigram_loss")
+                     "noise_loss_exponent", "unigram_loss", "optimal_lr")
             for k, v in self.data_constants.items():
                 if k not in known:
                     raise SpecError(f"convergence.data_constants.{k}: unknown; expected one of "
                                     f"{', '.join(known)}")
-                positive = k in ("floor_coef", "noise_star_tokens")
+                positive = k in ("floor_coef", "noise_star_tokens", "optimal_lr")
                 if not (v > 0 if positive else v >= 0) or v > 1e12:
                     raise SpecError(f"convergence.data_constants.{k}: must be "
                                     f"{'> 0' if positive else '>= 0'} and at most 1e12, got {v}")

@@ -255,13 +255,19 @@ def test_extrapolation_and_data_constants_are_said(scaling_profile):
     assert "learning rate 0.1 outside the fitted 0.001..0.01" in ex
     assert "model size (non-embedding params)" in ex
     with pytest.raises(SpecError, match=r"convergence.data_constants: the profile was fitted "
-                                        r"on kjv \(vocab 256\)"):
-        simulate(scaling_scenario(scaling_profile, **{"model.vocab": 1024}))
+                                        r"on kjv \(vocab 256\) .* \(missing: floor_coef, "):
+        simulate(scaling_scenario(scaling_profile, **{
+            "model.vocab": 1024, "convergence.data_constants": {"loss_floor": 1.0,
+                                                                "unigram_loss": 4.0}}))
+    consts = {"loss_floor": 1.0, "floor_coef": 0.5, "floor_size_exponent": 0.3,
+              "noise_star_tokens": 3e4, "noise_loss_exponent": 3.0, "unigram_loss": 4.0,
+              "optimal_lr": 2e-3}
     out, _ = simulate(scaling_scenario(scaling_profile, **{
-        "model.vocab": 1024, "convergence.data_constants": {"loss_floor": 1.0,
-                                                            "unigram_loss": 4.0}}))
-    assert out["convergence"]["data_constants"] == ["loss_floor 1", "unigram_loss 4"]
-    assert out["convergence"]["loss_init"] == pytest.approx(math.log(1024))
+        "model.vocab": 1024, "convergence.data_constants": consts}))
+    conv = out["convergence"]
+    assert "loss_floor 1" in conv["data_constants"] and "optimal_lr 0.002" in conv["data_constants"]
+    assert conv["loss_init"] == pytest.approx(math.log(1024))
+    assert conv["optimal_lr"] == pytest.approx(2e-3)
 
 
 def test_a_bad_profile_is_one_line(scaling_profile):
