@@ -73,10 +73,23 @@ def _init_worker(realrun: bool = False) -> None:
     import resource
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    import matplotlib.figure  # noqa: F401 - the plots' import, outside the cases' time
+    import io
+    import warnings
 
+    import scipy.optimize  # noqa: F401 - calibrate's fits
+
+    import simfed.calibration.published
+    import simfed.calibration.validate
     import simfed.cli
-    import simfed.engine  # noqa: F401
+    import simfed.engine
+    import simfed.figures  # noqa: F401
+    from simfed.plots.common import new_figure
+
+    with warnings.catch_warnings():  # matplotlib's font cache and first draw
+        warnings.simplefilter("ignore")
+        fig = new_figure()
+        fig.subplots().plot([1, 2], [1, 2], label="x")
+        fig.savefig(io.BytesIO(), format="png")
     if realrun:  # torch imports more on first use (torch._dynamo in a first backward): warm up
         from click.testing import CliRunner
 
