@@ -232,8 +232,11 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
             echo(f"  {row['name']}: published {row['published']:,.0f}, predicted "
                  f"{row['predicted']:,.0f} ({100 * row['error']:+.1f}%)")
         rows.append(row)
+    claims: dict[str, Any] = {}
+    if not only_set and not overrides and any(r["set"] == "check" for r in rows):
+        claims = {"claims": derive_claims(rows), "stored_claims": load_claims(folder)}
     return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
-            "scale_losses": scale_losses(rows),
+            "scale_losses": scale_losses(rows), **claims,
             "collectives": collective_cases(folder), "speedups": speedup_cases(folder),
             "collectives_calibrated": collective_cases(folder, calibrated=True)}
 
@@ -268,6 +271,15 @@ def print_published(res: dict[str, Any], console: Any) -> None:
                       f"{s['cases']} cases; worst {s['worst']['name']} "
                       f"{100 * s['worst']['error']:+.1f}%; rejected by the memory model "
                       f"{s['rejected_by_memory']}", highlight=False)
+    if any(r["set"] == "check" for r in res["cases"]) and "claims" in res:
+        c, stored = res["claims"], res.get("stored_claims") or {}
+        same = {k: stored.get(k) for k in c} == c
+        console.print(f"  how sure (from the check set): median {100 * c['median_abs_error']:.1f}"
+                      f"%, 9 in 10 within {100 * c['p90_abs_error']:.1f}%, worst "
+                      f"{100 * c['worst_abs_error']:.1f}%; "
+                      + ("cases.yaml claims agree" if same else
+                         "cases.yaml claims differ: write these there (derive_claims)"),
+                      highlight=False)
 
 
 def print_scale_losses(rows: list[dict[str, Any]], console: Any) -> None:
