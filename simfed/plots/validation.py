@@ -10,14 +10,31 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
+from ..spec.limits import MAX_TIME_S
 from .common import PHASE_COLORS, PHASE_ORDER, algorithm_color, new_figure
 
+MAX_SPEEDUP = 1e6  # a ratio of two step times; published and predicted ones are under 100
 
-def _num(v: Any) -> float | None:
+
+def _num(v: Any, hi: float = MAX_TIME_S) -> float | None:
+    """A positive finite number up to `hi` (a time: 10^7 s), else None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     f = float(v)
-    return f if np.isfinite(f) and f > 0 else None
+    return f if np.isfinite(f) and 0 < f <= hi else None
+
+
+def _checked(items: list[Any], keys: tuple[str, ...], what: str, hi: float) -> None:
+    """A value that is present is a number in range (absent or null: the item is skipped; a
+    number of 10^308 would take the figure minutes to draw)."""
+    for i, r in enumerate(items):
+        if not isinstance(r, Mapping):
+            continue
+        for k in keys:
+            v = r.get(k)
+            if v is not None and _num(v, hi) is None:
+                raise ValueError(f"{what}[{i}].{k}: expected a number above 0 and at most "
+                                 f"{hi:g}, got {str(v)[:60]!r}")
 
 
 def plot_validation(data: Mapping[str, Any], *, title: str | None = None) -> Figure:
@@ -29,6 +46,9 @@ def plot_validation(data: Mapping[str, Any], *, title: str | None = None) -> Fig
     for key in ("runs", "speedups"):  # absent or null: none; else a list
         if data.get(key) is not None and not isinstance(data.get(key), list):
             raise ValueError(f"{key}: expected a list, got {str(data.get(key))[:60]!r}")
+    _checked(data.get("runs") or [], ("predicted_step_time_s", "measured_step_time_s"), "runs",
+             MAX_TIME_S)
+    _checked(data.get("speedups") or [], ("predicted", "measured"), "speedups", MAX_SPEEDUP)
     runs = [r for r in (data.get("runs") or []) if isinstance(r, Mapping)
             and not r.get("baseline")]
     steps = [r for r in runs if _num(r.get("predicted_step_time_s"))
@@ -38,12 +58,13 @@ def plot_validation(data: Mapping[str, Any], *, title: str | None = None) -> Fig
     for r in phased:  # a phase present is a time (a missing one draws as 0)
         for side in ("predicted", "measured"):
             for phase, v in r[f"{side}_phases_s"].items():
-                if v is not None and _num(v) is None and v != 0:
+                if v is not None and _num(v) is None and not (v == 0 and
+                                                              not isinstance(v, bool)):
                     raise ValueError(f"run {str(r.get('name'))[:60]!r}: {side}_phases_s.{phase}"
                                      f": expected seconds (a finite number >= 0), got "
                                      f"{str(v)[:60]!r}")
     speedups = [s for s in (data.get("speedups") or []) if isinstance(s, Mapping)
-                and _num(s.get("predicted")) and _num(s.get("measured"))]
+                and _num(s.get("predicted"), MAX_SPEEDUP) and _num(s.get("measured"), MAX_SPEEDUP)]
     panels = [p for p, have in (("steps", steps), ("phases", phased), ("speedups", speedups))
               if have]
     if not panels:

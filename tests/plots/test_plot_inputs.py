@@ -165,3 +165,20 @@ def test_plot_validation_refuses_values_of_the_wrong_type(tmp_path, data, needle
     res = CliRunner().invoke(main, ["plot", "validation", str(p), "--out",
                                     str(tmp_path / "o.png")])
     _refused(res, needle)
+
+
+@pytest.mark.parametrize("data, needle", [
+    # before: a phase or step time of 10^308 s took the figure over 10 s to draw (the fuzzer)
+    ({"runs": [{"name": "a", "predicted_phases_s": {"forward": 1e308},
+                "measured_phases_s": {"forward": 1.0}}]}, "expected seconds"),
+    ({"runs": [{"name": "a", "predicted_step_time_s": 1e308, "measured_step_time_s": 1.0}]},
+     "runs[0].predicted_step_time_s: expected a number above 0 and at most 1e+07"),
+    ({"speedups": [{"name": "s", "predicted": "fast", "measured": 1.1}]},
+     "speedups[0].predicted: expected a number above 0 and at most 1e+06, got 'fast'"),
+])
+def test_plot_validation_refuses_values_out_of_range(tmp_path, data, needle):
+    p = tmp_path / "v.json"
+    p.write_text(json.dumps(data))
+    res = CliRunner().invoke(main, ["plot", "validation", str(p), "--out",
+                                    str(tmp_path / "o.png")])
+    _refused(res, needle)
