@@ -19,6 +19,7 @@ from simfed.spec import scenario_from_dict
 from ..conftest import ROOT
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1000)
 def test_the_dry_run_goes_through_every_stage_and_names_what_it_skipped(tmp_path):
     """(About a minute on a quiet 2-core host; the budget leaves room for a busy one.)"""
