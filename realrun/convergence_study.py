@@ -263,7 +263,9 @@ def header(exp: Experiment, quick: bool) -> dict[str, Any]:
                   "params": m.total_params,
                   "non_embedding_params": m.total_params - m.embedding_params},
         "data": {"source": sc.data.source, "describe": corpus.describe(),
-                 "entropy_floor_nats": floor * 0.6931471805599453 if floor else None},
+                 "entropy_floor_nats": floor * 0.6931471805599453 if floor else None,
+                 "unigram_loss_nats": (corpus.unigram_loss_nats(sc.training.eval_sequences)
+                                       if hasattr(corpus, "unigram_loss_nats") else None)},
         "recipe": {"paper_lr": PAPER_LR, "tune_lrs": list(TUNE_LRS),
                    "warmup_steps": sc.training.warmup_steps,
                    "schedule": sc.training.lr_schedule, "weight_decay": sc.training.weight_decay,

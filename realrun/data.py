@@ -121,6 +121,15 @@ class TokenCorpus:
     def describe(self) -> str:
         return f"{self.source}: {self.train_blocks} training blocks of {self.seq_len + 1} tokens"
 
+    def unigram_loss_nats(self, eval_sequences: int) -> float:
+        """The evaluation loss of a model that predicts the training tokens' frequencies alone
+        (no context): the level of the plateau that small models reach first."""
+        train = self.blocks[: self.train_blocks].ravel()
+        counts = np.bincount(train, minlength=int(self.blocks.max()) + 1).astype(float) + 1e-9
+        logp = np.log(counts / counts.sum())
+        targets = self.blocks[self.train_blocks: self.train_blocks + eval_sequences, 1:].ravel()
+        return float(-logp[targets].mean())
+
 
 def load_corpus(scenario: Scenario, scenario_path: Path | None = None
                 ) -> SyntheticCorpus | TokenCorpus:
