@@ -18,7 +18,7 @@ from ..spec import SpecError
 from ..spec.paths import write_text_atomic
 from . import fitting, scaling, split
 from .profile import PROFILE_V2, parse
-from .runs import Run, runs_of_study
+from .runs import Run, runs_of_study, segments
 
 
 def modelled(runs: list[Run]) -> list[Run]:
@@ -27,12 +27,29 @@ def modelled(runs: list[Run]) -> list[Run]:
 
 
 def study_runs(studies: list[dict[str, Any]]) -> list[Run]:
+    """The runs of size-study files the model describes, as its two stages (runs.segments)
+    where the study records the data's unigram loss."""
     runs = [r for s in studies for r in runs_of_study(s)]
     data = {s["data"]["source"] for s in studies}
     if len(data) > 1:
         raise SpecError(f"--convergence: the studies are on {len(data)} data sets "
                         f"({', '.join(sorted(data))}); a profile is fitted on one")
-    return modelled(runs)
+    u = unigram_loss(studies)
+    runs = modelled(runs)
+    return [seg for r in runs for seg in segments(r, u)] if u is not None else runs
+
+
+def unigram_loss(studies: list[dict[str, Any]]) -> float | None:
+    vals = {s["data"].get("unigram_loss_nats") for s in studies}
+    if None in vals or len(vals) != 1:
+        return None
+    return float(vals.pop())
+
+
+def fixed_params(studies: list[dict[str, Any]]) -> dict[str, float]:
+    """The data's unigram loss is measured (the study header), not fitted."""
+    u = unigram_loss(studies)
+    return {"unigram_loss": u} if u is not None else {}
 
 
 def floor_min(studies: list[dict[str, Any]]) -> float:
@@ -60,20 +77,32 @@ def fitted_range(studies: list[dict[str, Any]], runs: list[Run]) -> dict[str, An
     }
 
 
-def held_out_checks(runs: list[Run], fmin: float, draws: int = 20) -> list[dict[str, Any]]:
-    """The checks of split.py that these runs allow (each needs both of its sets)."""
+def held_out_checks(runs: list[Run], fmin: float, draws: int = 20,
+                    fixed: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The checks of split.py that these runs allow (each needs both of its sets). Scored on
+    the stage after the unigram plateau ("post" segments of runs.segments, steps counted from
+    where the loss leaves it; whole runs where the study has no unigram loss)."""
     out = []
+    scored = [r for r in runs if r.shape.segment != "pre"]
+
+    def targets(fit_set: list[Run]) -> list[float]:
+        post = [r for r in fit_set if r.shape.segment != "pre"]
+        start = float(np.mean([r.eval_loss[0] for r in post]))
+        return split.targets(start, min(r.final_loss for r in post))
+
     size_fit = [r for r in runs if not split.is_size_check(r.tags)]
-    size_check = [r for r in runs if split.is_size_check(r.tags)]
+    size_check = [r for r in scored if split.is_size_check(r.tags)]
     if size_fit and size_check:
-        c = fitting.check(size_fit, size_check, floor_min=fmin, draws=draws)
+        c = fitting.check(size_fit, size_check, floor_min=fmin, draws=draws, fixed=fixed,
+                          targets=targets(size_fit))
         hidden = sorted({int(r.tags["model"]["hidden"]) for r in size_fit})
         out.append({"what": "across size", "fit": f"hidden {', '.join(map(str, hidden))}",
                     "check": f"hidden {split.SIZE_CHECK_HIDDEN}", **c})
     hz_fit = [r for r in runs if split.is_horizon_fit(r.tags)]
-    hz_check = [r for r in runs if split.is_horizon_check(r.tags)]
+    hz_check = [r for r in scored if split.is_horizon_check(r.tags)]
     if hz_fit and hz_check:
-        c = fitting.check(hz_fit, hz_check, floor_min=fmin, draws=draws)
+        c = fitting.check(hz_fit, hz_check, floor_min=fmin, draws=draws, fixed=fixed,
+                          targets=targets(hz_fit))
         out.append({"what": "past the horizon", "fit": f"{split.HORIZON_FIT_STEPS}-step runs",
                     "check": f"{split.HORIZON_CHECK_STEPS}-step runs", **c})
     return out
@@ -85,9 +114,10 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
     if not runs:
         raise SpecError("--convergence: no runs the scaling model describes in these files")
     fmin = floor_min(studies)
-    checks = held_out_checks(runs, fmin, draws=min(draws, 20))
-    f = fitting.fit(runs, fmin)
-    boot = (fitting.bootstrap(runs, draws, floor_min=fmin, x0=f["x"]) if draws
+    fixed = fixed_params(studies)
+    checks = held_out_checks(runs, fmin, draws=min(draws, 20), fixed=fixed)
+    f = fitting.fit(runs, fmin, fixed)
+    boot = (fitting.bootstrap(runs, draws, floor_min=fmin, x0=f["x"], fixed=fixed) if draws
             else np.empty((0, 0)))
     names = ", ".join(sorted({s["experiment"] for s in studies}))
     profile: dict[str, Any] = {

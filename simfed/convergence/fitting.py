@@ -46,18 +46,19 @@ def _prepare(runs: list[Run]) -> tuple[list[Shape], list[np.ndarray], list[int],
 
 
 # starting points besides the box's own (a multiplicative nudge of one parameter each, in the
-# log-parametrised ones): the loss surface has local minima along the saddle's escape and the
-# learning-rate scale
-STARTS = ({}, {"log_lr_star": 1.2}, {"log_lr_star": -1.2}, {"log_escape": 2.3},
+# log-parametrised ones): the loss surface has local minima along the learning-rate scale and
+# the progress scale
+STARTS = ({}, {"log_lr_star": 1.2}, {"log_lr_star": -1.2},
           {"log_progress_scale": 2.3, "exponent": 0.5})
 
 
 def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None = None,
-        x0: np.ndarray | None = None, max_blocks: int = 2048,
-        starts: tuple[dict[str, float], ...] = STARTS) -> dict[str, Any]:
+        x0: np.ndarray | None = None, max_blocks: int = 128,
+        starts: tuple[dict[str, float], ...] = STARTS, max_nfev: int = 300) -> dict[str, Any]:
     """Least squares of the scaling model over every evaluation point after step 0 of `runs`,
-    from the best of STARTS (or from `x0`); `fixed` pins parameters by name (they get zero
-    variance)."""
+    from the best of `starts` (or from `x0`); `fixed` pins parameters by name (they get zero
+    variance). Runs longer than `max_blocks` steps are integrated in that many blocks
+    (scaling.loss_at)."""
     fixed = fixed or {}
     unknown = [k for k in fixed if k not in scaling.IDX]
     if unknown:
@@ -107,7 +108,8 @@ def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None 
             inits.append(np.clip(x[free], lo + 1e-9, hi - 1e-9))
     sol = None
     for start in inits:
-        trial = least_squares(resid, start, jac=jac, bounds=(lo, hi), x_scale="jac")
+        trial = least_squares(resid, start, jac=jac, bounds=(lo, hi), x_scale="jac",
+                              max_nfev=max_nfev)
         if sol is None or trial.cost < sol.cost:
             sol = trial
     r = sol.fun
@@ -126,10 +128,10 @@ def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None 
 
 
 def configurations(runs: list[Run]) -> list[list[Run]]:
-    """Runs grouped by configuration (every seed of one shape together)."""
-    by: dict[tuple[str, Shape], list[Run]] = defaultdict(list)
+    """Runs grouped by configuration (every seed and both stages of one run's key together)."""
+    by: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for r in runs:
-        by[(r.source, r.shape)].append(r)
+        by[(r.source, r.key.split("#")[0])].append(r)
     return list(by.values())
 
 
@@ -188,7 +190,7 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             pred = crossing(at, point[j][0, at], tgt)
             lo, hi = np.quantile([crossing(at, row, tgt) for row in (band[j] + shift)[:, at]],
                                  BAND, method="inverted_cdf")
-            pred_v = pred if math.isfinite(pred) else float(r.shape.steps)
+            pred_v = pred if math.isfinite(pred) else float(at[-1])  # at least this late
             rows.append({"key": r.key, "source": r.source, "seed": r.seed,
                          "target_loss": round(tgt, 4), "measured_steps": round(meas, 2),
                          "predicted_steps": round(pred, 2) if math.isfinite(pred) else None,

@@ -86,10 +86,7 @@ class ScalingParams(FrozenModel):
     log_fl_kappa: Num = Field(ge=-20, le=20)
     unigram_loss: Num = Field(ge=0, le=100)
     log_unigram_scale: Num = Field(ge=-20, le=20)
-    log_escape: Num = Field(ge=-20, le=20)
-    escape_size_exponent: Num = Field(ge=-3, le=4)
-    log_escape_width: Num = Field(ge=-20, le=5)
-    fl_escape_exponent: Num = Field(ge=0, le=10)
+    log_unigram_lr_star: Num = Field(ge=math.log(1e-8), le=math.log(100))
 
 
 class FittedRangeV2(FrozenModel):

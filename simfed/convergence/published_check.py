@@ -42,10 +42,8 @@ DEFAULT_VOCAB = 50257
 NOISE_FREE_BATCH = 1e12  # tokens: s = 1 at any noise scale the fit could reach
 FOLDER = Path(__file__).resolve().parents[2] / "validation" / "convergence"
 CURVE_FRACTIONS = (0.5, 0.75, 0.9)
-# the FL terms (no averaged run is predicted) and the saddle's (models of 1e7 parameters and
-# more leave the unigram solution within their first steps) are not fitted on published runs
-FIXED = {"log_fl_kappa": 0.0, "fl_escape_exponent": 0.0, "log_escape": math.log(1e-3),
-         "escape_size_exponent": 0.0, "log_escape_width": math.log(0.2)}
+# the FL term is not fitted on published runs (no averaged run is predicted)
+FIXED = {"log_fl_kappa": 0.0}
 NOISE_FIXED = {"log_noise_star": 0.0, "noise_loss_exponent": 0.0}
 
 

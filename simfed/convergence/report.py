@@ -15,6 +15,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from ..spec import SpecError
 from .fit import critical_batch, holdout, read_study
 
 
@@ -102,8 +103,62 @@ def noise_table(study: dict[str, Any]) -> list[str]:
     return out
 
 
+def size_study(studies: list[dict[str, Any]]) -> list[str]:
+    """The size study across its files: per size, the central comparison at lr 3e-3 after 128
+    steps (FSDP on 128 sequences, FL+FSDP 32 x 4 with K = 8, one group of 4; mean and spread
+    over seeds) and the share of the gap from one group to FSDP that averaging recovers,
+    (L_one - L_FL) / (L_one - L_FSDP), with a 90% t-interval over seeds; and FL - FSDP per lr."""
+    rows = ["| size (non-embedding params) | FSDP 128 seqs | FL+FSDP 32 x 4, K = 8 | one group "
+            "of 4 | averaging recovers (90% interval) | seeds |", "|---|---|---|---|---|---|"]
+    lr_rows = ["| size | " + " | ".join(f"lr {lr:g}: FL - FSDP" for lr in LRS) + " |",
+               "|---|" + "---|" * len(LRS)]
+    for st in sorted(studies, key=lambda s: s["model"]["non_embedding_params"]):
+        f = finals(st)
+        n = st["model"]["non_embedding_params"]
+        fs, fl, one = (f.get(k, []) for k in ("fsdp/n32/k0/lr0.003", "fl_fsdp/n32/k8/lr0.003",
+                                                "fsdp/n1/k0/lr0.003"))
+        rec = _recovered(st)
+        rows.append(f"| {st['model']['name']} ({n / 1e6:.3g}M) | {_stats(fs) if fs else '-'} | "
+                    f"{_stats(fl) if fl else '-'} | {_stats(one) if one else '-'} | {rec} | "
+                    f"{min(len(fs), len(fl), len(one))} |")
+        cells = []
+        for lr in LRS:
+            a, b = f.get(f"fl_fsdp/n32/k8/lr{lr:g}"), f.get(f"fsdp/n32/k0/lr{lr:g}")
+            cells.append(f"{statistics.fmean(a) - statistics.fmean(b):+.3f}" if a and b else "-")
+        lr_rows.append(f"| {st['model']['name']} | " + " | ".join(cells) + " |")
+    return ["### The size study: what averaging recovers, by model size", "", *rows, "",
+            "FL+FSDP (32 x 4, K = 8) minus FSDP (128 sequences), final eval loss after 128 "
+            "steps (nats), seed 0:", "", *lr_rows]
+
+
+LRS = (3e-4, 1e-3, 3e-3, 1e-2)
+
+
+def _recovered(study: dict[str, Any]) -> str:
+    by_seed: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in study["runs"]:
+        by_seed[r["seed"]][r["key"]] = r["eval_loss"][-1]
+    vals = []
+    for d in by_seed.values():
+        keys = ("fsdp/n32/k0/lr0.003", "fl_fsdp/n32/k8/lr0.003", "fsdp/n1/k0/lr0.003")
+        if all(k in d for k in keys) and abs(d[keys[2]] - d[keys[0]]) > 1e-3:
+            vals.append((d[keys[2]] - d[keys[1]]) / (d[keys[2]] - d[keys[0]]))
+    if not vals:
+        return "-"
+    m = statistics.fmean(vals)
+    if len(vals) < 2:
+        return f"{m:.2f} (one seed)"
+    from scipy.stats import t
+
+    half = t.ppf(0.95, len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
+    return f"{m:.2f} [{m - half:.2f}, {m + half:.2f}]"
+
+
 def holdout_lines(study: dict[str, Any]) -> list[str]:
-    h = holdout(study)
+    try:
+        h = holdout(study)
+    except SpecError as exc:
+        return [f"{study['experiment']}: not fitted ({exc})"]
     if h["median_abs_error"] is None:
         return [f"{study['experiment']}: no held-out point reaches a target"]
     c = critical_batch(study)
@@ -126,14 +181,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("studies", nargs="+")
     ap.add_argument("--holdout", action="store_true")
     args = ap.parse_args(argv)
+    sizes = []
     for path in args.studies:
         study = read_study(path)
+        if "non_embedding_params" in study["model"]:
+            sizes.append(study)  # the size study: reported across its files below
         print("\n".join(grid_table(study)), end="\n\n")
         for extra in (claim_table(study), noise_table(study)):
             if extra:
                 print("\n".join(extra), end="\n\n")
-        if args.holdout:
+        if args.holdout and "non_embedding_params" not in study["model"]:
             print("\n".join(holdout_lines(study)), end="\n\n")
+    if sizes:
+        print("\n".join(size_study(sizes)), end="\n\n")
+        if args.holdout:
+            from .calibrate_scaling import fixed_params, floor_min, held_out_checks, study_runs
+
+            for c in held_out_checks(study_runs(sizes), floor_min(sizes),
+                                     fixed=fixed_params(sizes)):
+                print(f"held out, {c['what']} (fit {c['fit']}, check {c['check']}): "
+                      f"{c['points']} points, median |steps-to-target error| "
+                      + (f"{c['median_abs_error']:.1%}, worst {c['worst_abs_error']:.1%}, "
+                         f"{c['inside_band']:.0%} inside [p10, p90]"
+                         if c["median_abs_error"] is not None else "-"))
 
 
 if __name__ == "__main__":

@@ -34,12 +34,22 @@ class Shape:
     loss_init: float = 0.0  # the untrained model's loss (nats/token)
     final_lr_fraction: float = 0.0  # cosine: decays to this fraction of the peak
     lr_knots: tuple[tuple[int, float], ...] = ()  # a published schedule: (step, lr), linear
+    # which part of the run the model integrates (scaling.py): "whole" from step 0 (both
+    # stages), "pre" (stage 1 alone, towards the unigram loss) or "post" (stage 2 alone, from
+    # the unigram loss at step start_step; evaluation steps counted from there)
+    segment: str = "whole"
+    start_step: int = 0
 
     def lr_values(self) -> np.ndarray:
         if self.lr_knots:
             return _lr_knots(self.steps, self.warmup_steps, self.lr_knots)
         return _lr_values(self.steps, self.warmup_steps, self.schedule, self.lr,
                           self.final_lr_fraction)
+
+    @property
+    def length(self) -> int:
+        """Steps the model integrates: from start_step to the end of the schedule."""
+        return self.steps - self.start_step
 
     @property
     def federated(self) -> bool:
@@ -129,3 +139,41 @@ def crossing(steps: np.ndarray, loss: np.ndarray, target: float) -> float:
         return float(steps[0])
     s0, s1, l0, l1 = steps[j - 1], steps[j], loss[j - 1], loss[j]
     return float(s0 + (s1 - s0) * (l0 - target) / (l0 - l1))
+
+
+PRE_MARGIN = 0.1  # nats: stage 1 is fitted until the loss first comes this close to L_u
+POST_MARGIN = 0.1  # nats: stage 2 is fitted from where the loss first falls this far below L_u
+
+
+def segments(run: Run, unigram: float) -> list[Run]:
+    """A measured run as the scaling model's two stages (scaling.py): "pre", from step 0 to the
+    first evaluation point within PRE_MARGIN of the unigram loss (all of a run that never comes
+    that close); "post", the points after the loss first falls POST_MARGIN below the unigram
+    loss, steps counted from that crossing (interpolated between evaluation points, rounded to
+    a step), the model started at that loss. The plateau between the two is left out: its
+    length is measured (tags["escape_step"]), not modelled. A run that never leaves the plateau
+    has no "post" segment."""
+    from dataclasses import replace
+
+    steps, loss = np.array(run.eval_steps), np.array(run.eval_loss)
+    out = []
+    near = np.nonzero(loss <= unigram + PRE_MARGIN)[0]
+    end = int(near[0]) if len(near) else len(loss) - 1
+    if end >= 1:
+        out.append(replace(run, key=run.key + "#pre", shape=replace(run.shape, segment="pre"),
+                           eval_steps=tuple(int(v) for v in steps[: end + 1]),
+                           eval_loss=tuple(float(v) for v in loss[: end + 1]),
+                           tags={**run.tags, "segment": "pre"}))
+    level = unigram - POST_MARGIN
+    cross = crossing(steps, loss, level)
+    if math.isfinite(cross):
+        start = round(cross)
+        after = steps > start
+        if after.sum() >= 1:
+            out.append(replace(
+                run, key=run.key + "#post",
+                shape=replace(run.shape, segment="post", start_step=start, loss_init=level),
+                eval_steps=(0, *(int(v) - start for v in steps[after])),
+                eval_loss=(level, *(float(v) for v in loss[after])),
+                tags={**run.tags, "segment": "post", "escape_step": cross}))
+    return out

@@ -3,17 +3,19 @@ the learning rate's schedule and peak value, federation groups and period as inp
 profile fitted at some sizes predicts another.
 
 Loss falls in two stages of *progress* P. First the token frequencies: from the untrained loss
-L_0 towards the data's unigram loss L_u, fast and the same at every size. Then the use of
-context: a power law above a size-dependent floor (Kaplan et al. 2020, L(N, S_min), with the
-floor of Hoffmann et al. 2022's approach 3), which starts only once the model has left the
-unigram solution, a saddle it escapes after progress P_e(N) (small models and small learning
-rates sit on that plateau for long); averaged federation groups leave it along different
-directions, so their mean leaves it later (eps, fitted):
+L_0 to the data's unigram loss L_u (the loss of the token frequencies alone, a property of the
+data). Then the use of context: a power law above a size-dependent floor (Kaplan et al. 2020,
+L(N, S_min), with the floor of Hoffmann et al. 2022's approach 3):
 
-    L = L_inf(N) + (L_u - L_inf(N)) (1 + P_2 / P_c(N))^(-alpha) + (L_0 - L_u) exp(-P / P_1)
-    dP_2 = dP sigma((E - P_e(N)) / (w P_e(N))),   dE = dP G_eff^(-eps)
-    P_e(N) = P_e (N / N_0)^(-e)
+    L = L_inf(N) + (L_u - L_inf(N)) (1 + P / P_c(N))^(-alpha) + (L_0 - L_u) exp(-P / P_1)
     L_inf(N) = E + A (N / N_0)^(-a),   P_c(N) = P_c (N / N_0)^(-d),   N_0 = 1e6
+
+Models of a few hundred thousand parameters sit on the unigram solution for a while before
+they use context (a saddle: the size study's byte-level models at lr 3e-3 for 30 to over 100
+steps, differently from seed to seed and not monotonically in the learning rate). That plateau
+is not modelled: its length is measured, and the fit and checks take the two stages apart
+(segment "pre": reaching L_u; "post": from where the loss leaves L_u, stage 2 alone); a
+scenario's run is both stages from step 0 ("whole"), as for models that have no such plateau.
 
 P counts steps at the noise-free optimal learning rate. One step at learning rate eta makes
 (McCandlish et al. 2018, eq. 2.3-2.6: a step's loss decrease is eta |G|^2 - eta^2/2 (G^T H G +
@@ -43,9 +45,13 @@ coordinate and whose noisy gradients shrink the part of it along the true gradie
   FL+FSDP reaches a loss before FSDP.
 - Evaluation is of the groups' mean model (as the emulator and a FedAvg round make it).
 
-Parameters (fitted, in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d,
-E, ln A, a, ln kappa, L_u, ln P_1, ln P_e, e, ln w, eps. L_0 is each run's untrained loss
-(measured, or ln(vocab)).
+Each stage has its own progress and noise-free optimal learning rate (eta*_1 for the token
+frequencies, eta* for context; both scale with N^-c): the size study's models learn the
+frequencies fastest at a higher learning rate than the one that serves them afterwards.
+
+Parameters (in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d, E, ln A,
+a, ln kappa, L_u (the data's, measured where the study records it), ln P_1, ln eta*_1. L_0 is
+each run's untrained loss (measured, or ln(vocab)).
 """
 
 from __future__ import annotations
@@ -61,8 +67,7 @@ N_REF = 1e6
 PARAMS = ("log_lr_star", "lr_size_exponent", "log_noise_star", "noise_loss_exponent",
           "log_progress_scale", "exponent", "progress_size_exponent", "loss_floor",
           "log_floor_coef", "floor_size_exponent", "log_fl_kappa", "unigram_loss",
-          "log_unigram_scale", "log_escape", "escape_size_exponent", "log_escape_width",
-          "fl_escape_exponent")
+          "log_unigram_scale", "log_unigram_lr_star")
 IDX = {p: i for i, p in enumerate(PARAMS)}
 # what each parameter means, for reports and profiles
 DESCRIBE = {
@@ -79,10 +84,7 @@ DESCRIBE = {
     "log_fl_kappa": "ln kappa in G_eff = G^(1 / (1 + kappa ln K)): averaging's loss with K",
     "unigram_loss": "L_u: the loss of the data's token frequencies alone (nats/token)",
     "log_unigram_scale": "ln P_1: progress that learns the token frequencies",
-    "log_escape": "ln P_e: progress to leave the unigram solution at 1e6 params",
-    "escape_size_exponent": "e in P_e(N) = P_e (N / 1e6)^-e",
-    "log_escape_width": "ln w: the escape is spread over w P_e of progress",
-    "fl_escape_exponent": "eps: averaged groups leave the saddle G_eff^-eps as fast",
+    "log_unigram_lr_star": "ln eta*_1 at 1e6 params: stage 1's noise-free optimal lr",
 }
 # parameters that belong to the data and tokenizer rather than to the optimizer's dynamics:
 # a scenario on other data replaces them (convergence.data_constants) and says so
@@ -102,23 +104,22 @@ def bounds(floor_min: float, best_loss: float, loss_init: float) -> Bounds:
     top = max(floor_min + 1e-3, best_loss - 1e-3)
     lo = np.array([math.log(1e-6), -1.0, math.log(1.0), 0.0, math.log(1e-3), 0.02, -2.0,
                    floor_min, math.log(1e-4), 0.0, math.log(1e-4), floor_min, math.log(1e-3),
-                   math.log(1e-4), -2.0, math.log(0.01), 0.0])
+                   math.log(1e-6)])
     hi = np.array([math.log(10.0), 2.0, math.log(1e12), 12.0, math.log(1e6), 4.0, 2.0,
                    top, math.log(1e2), 2.0, math.log(1e3), loss_init, math.log(1e3),
-                   math.log(1e4), 3.0, math.log(2.0), 3.0])
+                   math.log(10.0)])
     x0 = np.array([math.log(3e-3), 0.3, math.log(1e4), 2.0, math.log(10.0), 0.5, 0.0,
                    floor_min + 0.5 * (best_loss - floor_min), math.log(0.3), 0.3, 0.0,
-                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(1.0), 0.5,
-                   math.log(0.2), 0.3])
+                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(3e-3)])
     return Bounds(lo, hi, np.clip(x0, lo + 1e-6, hi - 1e-6))
 
 
 def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]:
     """Loss after 0..steps optimizer steps for each shape, each (n, steps + 1), for n parameter
     vectors theta (n, len(PARAMS)); all shapes advance together, step by step."""
-    bounds = [np.arange(s.steps + 1) for s in shapes]
+    bounds = [np.arange(s.length + 1) for s in shapes]
     out = _integrate(theta, shapes, bounds)
-    return [out[:, j, : s.steps + 1] for j, s in enumerate(shapes)]
+    return [out[:, j, : s.length + 1] for j, s in enumerate(shapes)]
 
 
 def loss_at(theta: np.ndarray, shapes: list[Shape], at: list[np.ndarray],
@@ -129,8 +130,8 @@ def loss_at(theta: np.ndarray, shapes: list[Shape], at: list[np.ndarray],
     at most `max_blocks` steps is integrated step by step, as loss_curves_many."""
     bounds = []
     for s, a in zip(shapes, at, strict=True):
-        grid = np.linspace(0, s.steps, min(s.steps, max_blocks) + 1).round().astype(int)
-        bounds.append(np.unique(np.concatenate([grid, np.asarray(a, int), [0, s.steps]])))
+        grid = np.linspace(0, s.length, min(s.length, max_blocks) + 1).round().astype(int)
+        bounds.append(np.unique(np.concatenate([grid, np.asarray(a, int), [0, s.length]])))
     out = _integrate(theta, shapes, bounds)
     return [out[:, j, np.searchsorted(bd, np.asarray(a, int))]
             for j, (bd, a) in enumerate(zip(bounds, at, strict=True))]
@@ -145,52 +146,59 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     b = np.array([s.batch_tokens for s in shapes])[None, :]
     l0 = np.array([s.loss_init for s in shapes])[None, :]
     lr_star = np.exp(col["log_lr_star"]) * n_rel ** (-col["lr_size_exponent"])  # (n, m)
+    lr_star1 = np.exp(col["log_unigram_lr_star"]) * n_rel ** (-col["lr_size_exponent"])
     pc = np.exp(col["log_progress_scale"]) * n_rel ** (-col["progress_size_exponent"])
     floor = col["loss_floor"] + np.exp(col["log_floor_coef"]) * n_rel ** (
         -col["floor_size_exponent"])
-    unigram = np.clip(col["unigram_loss"], floor, l0)
-    floor = np.minimum(floor, unigram)
+    post = np.array([s.segment == "post" for s in shapes])[None, :]
+    pre = np.array([s.segment == "pre" for s in shapes])[None, :]
+    # a "post" segment starts below L_u (at its loss_init); the others start above it
+    unigram = np.where(post, np.maximum(col["unigram_loss"], l0),
+                       np.minimum(col["unigram_loss"], l0))
+    floor = np.minimum(floor, np.minimum(unigram, l0) - 1e-6)
     span2, span1 = unigram - floor, l0 - unigram
     p1 = np.exp(col["log_unigram_scale"])
-    p_esc = np.exp(col["log_escape"]) * n_rel ** (-col["escape_size_exponent"])
-    width = np.exp(col["log_escape_width"]) * p_esc
     alpha = col["exponent"]
     b_star, nexp = np.exp(col["log_noise_star"]), col["noise_loss_exponent"]
     kappa = np.exp(col["log_fl_kappa"])
     groups = np.array([float(s.groups) if s.federated else 1.0 for s in shapes])[None, :]
     log_k = np.array([math.log(max(1, s.aggregate_every)) for s in shapes])[None, :]
     g_eff = groups ** (1.0 / (1.0 + kappa * log_k))  # (n, m)
-    esc_fl = g_eff ** (-col["fl_escape_exponent"])  # (n, m): 1 for one model
+    # segments: "pre" is stage 1 alone (towards L_u), "post" stage 2 alone (from below L_u)
+    span1 = np.where(post, 0.0, span1)
+    span2 = np.where(pre, 0.0, span2)
+    floor_pre = np.where(pre, unigram, floor)  # stage 1 alone tends to L_u
     blocks = max(len(bd) - 1 for bd in bounds)
     sum_lr = np.zeros((len(shapes), blocks))  # per block: sum of lr, sum of lr^2
     sum_lr2 = np.zeros((len(shapes), blocks))
     for j, (s, bd) in enumerate(zip(shapes, bounds, strict=True)):
-        lr = np.concatenate([[0.0], np.cumsum(s.lr_values())])
-        lr2 = np.concatenate([[0.0], np.cumsum(np.square(s.lr_values()))])
+        vals = s.lr_values()[s.start_step:]  # steps counted from the segment's start
+        lr = np.concatenate([[0.0], np.cumsum(vals)])
+        lr2 = np.concatenate([[0.0], np.cumsum(np.square(vals))])
         sum_lr[j, : len(bd) - 1] = np.diff(lr[bd])
         sum_lr2[j, : len(bd) - 1] = np.diff(lr2[bd])
     out = np.empty((theta.shape[0], len(shapes), blocks + 1))
-    progress = np.zeros((theta.shape[0], len(shapes)))
-    escape = np.zeros_like(progress)
-    p2 = np.zeros_like(progress)
+    # a "post" segment starts where its loss is loss_init (below L_u): the progress of stage 2
+    # that gives it
+    start = np.clip((l0 - floor) / np.maximum(unigram - floor, 1e-9), 1e-9, 1.0)
+    progress = np.where(post, pc * (np.power(start, -1.0 / alpha) - 1.0), 0.0)
+    progress = np.broadcast_to(progress, (theta.shape[0], len(shapes))).copy()
+    progress1 = np.zeros_like(progress)  # stage 1's own progress (its own optimal lr)
     loss = np.broadcast_to(l0, progress.shape).copy()
     out[:, :, 0] = loss
     for i in range(blocks):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
         s2 = b / (b + b_noise)
         q = s2 + (1.0 - s2) / g_eff
+        s1 = np.sqrt(s2)
         sx = sum_lr[:, i][None, :] / lr_star  # sum of x = lr / eta* over the block
         sx2 = sum_lr2[:, i][None, :] / (lr_star * lr_star)
-        dp = 2.0 * sx * np.sqrt(s2) - sx2 * q
-        progress = np.maximum(progress + dp, 0.0)
-        # leaving the saddle: the context stage moves once the escape coordinate has passed
-        # P_e (a logistic gate over w P_e); averaged groups escape along different directions
-        # and their mean less: the escape advances G_eff^-eps as fast
-        escape = np.maximum(escape + dp * esc_fl, 0.0)
-        gate = 0.5 * (1.0 + np.tanh(0.5 * (escape - p_esc) / width))
-        p2 = np.maximum(p2 + dp * gate, 0.0)
-        loss = (floor + span2 * np.power(1.0 + p2 / pc, -alpha)
-                + span1 * np.exp(-progress / p1))
+        progress = np.maximum(progress + 2.0 * sx * s1 - sx2 * q, 0.0)
+        sx = sum_lr[:, i][None, :] / lr_star1
+        sx2 = sum_lr2[:, i][None, :] / (lr_star1 * lr_star1)
+        progress1 = np.maximum(progress1 + 2.0 * sx * s1 - sx2 * q, 0.0)
+        loss = (floor_pre + span2 * np.power(1.0 + progress / pc, -alpha)
+                + span1 * np.exp(-progress1 / p1))
         out[:, :, i + 1] = loss
     return out
 

@@ -22,8 +22,7 @@ TRUE = {"log_lr_star": math.log(4e-3), "lr_size_exponent": 0.35,
         "log_progress_scale": math.log(8.0), "exponent": 0.6, "progress_size_exponent": 0.2,
         "loss_floor": 1.2, "log_floor_coef": math.log(0.4), "floor_size_exponent": 0.3,
         "log_fl_kappa": math.log(0.5), "unigram_loss": 3.0, "log_unigram_scale": math.log(0.5),
-        "log_escape": math.log(2.0), "escape_size_exponent": 0.8,
-        "log_escape_width": math.log(0.2), "fl_escape_exponent": 0.5}
+        "log_unigram_lr_star": math.log(8e-3)}
 X = np.array([TRUE[p] for p in scaling.PARAMS])
 L0 = 5.5
 
@@ -38,34 +37,35 @@ def curve(s: Shape, x: np.ndarray = X) -> np.ndarray:
     return scaling.loss_curves_many(x, [s])[0][0]
 
 
+def loss_of(progress: float, params: float, progress1: float | None = None) -> float:
+    """The model's loss at stage 2's and stage 1's progress, by hand."""
+    n_rel = params / 1e6
+    pc = math.exp(TRUE["log_progress_scale"]) * n_rel ** -TRUE["progress_size_exponent"]
+    floor = TRUE["loss_floor"] + 0.4 * n_rel ** -TRUE["floor_size_exponent"]
+    p1 = progress if progress1 is None else progress1
+    lu = TRUE["unigram_loss"]
+    return (floor + (lu - floor) * (1 + progress / pc) ** -TRUE["exponent"]
+            + (L0 - lu) * math.exp(-p1 / 0.5))
+
+
 def test_one_step_is_the_closed_form():
-    """Step 0 has lr 0 (warm-up from 0); step 1 at lr eta: dP = 2 x s - x^2 q."""
+    """Step 0 has lr 0 (warm-up from 0); step 1 at lr eta: each stage's dP = 2 x s - x^2 q,
+    with x = eta / eta* of that stage."""
     s = shape(groups=8, aggregate_every=1, warmup_steps=2)
     c = curve(s)
     assert c[1] == pytest.approx(L0)  # lr 0 at step 0: nothing learnt
     eta = s.lr_values()[1]
-    x = eta / scaling.optimal_lr(X, s.params)
     bn = scaling.noise_scale(X, L0)
     s2 = s.batch_tokens / (s.batch_tokens + bn)
     q = s2 + (1 - s2) / 8  # K = 1: G_eff = G
-    dp = 2 * x * math.sqrt(s2) - x * x * q
-    # averaged groups leave the saddle G_eff^-eps as fast (G_eff = G at K = 1)
-    escape = dp * 8 ** -TRUE["fl_escape_exponent"]
-    assert c[2] == pytest.approx(loss_of(dp, s.params, escape), rel=1e-12)
 
+    def dp(lr_star: float) -> float:
+        x = eta / lr_star
+        return 2 * x * math.sqrt(s2) - x * x * q
 
-def loss_of(progress: float, params: float, escape: float | None = None) -> float:
-    """The model's loss after one step of `progress` (and escape coordinate), by hand."""
-    n_rel = params / 1e6
-    pc = math.exp(TRUE["log_progress_scale"]) * n_rel ** -TRUE["progress_size_exponent"]
-    floor = TRUE["loss_floor"] + 0.4 * n_rel ** -TRUE["floor_size_exponent"]
-    pe = 2.0 * n_rel ** -TRUE["escape_size_exponent"]
-    e = progress if escape is None else escape
-    gate = 0.5 * (1 + math.tanh(0.5 * (e - pe) / (0.2 * pe)))
-    p2 = progress * gate
-    lu = TRUE["unigram_loss"]
-    return (floor + (lu - floor) * (1 + p2 / pc) ** -TRUE["exponent"]
-            + (L0 - lu) * math.exp(-progress / 0.5))
+    star1 = 8e-3 * (s.params / 1e6) ** -TRUE["lr_size_exponent"]
+    want = loss_of(dp(scaling.optimal_lr(X, s.params)), s.params, dp(star1))
+    assert c[2] == pytest.approx(want, rel=1e-12)
 
 
 def test_one_group_ignores_k():
@@ -74,9 +74,10 @@ def test_one_group_ignores_k():
 
 def test_optimal_lr_step_is_mccandlish_efficiency():
     """With a noise scale that does not move (1/alpha_B = 0) and lr = eta* s, one model's
-    progress per step is s^2 = 1 / (1 + B_noise / B)."""
+    progress per step is s^2 = 1 / (1 + B_noise / B) (both stages at one optimum here)."""
     x = X.copy()
     x[scaling.IDX["noise_loss_exponent"]] = 0.0
+    x[scaling.IDX["log_unigram_lr_star"]] = x[scaling.IDX["log_lr_star"]]
     bn = math.exp(TRUE["log_noise_star"])
     b = 4096.0
     s = math.sqrt(b / (b + bn))
@@ -90,26 +91,12 @@ def test_larger_batches_and_more_groups_never_learn_slower_per_step():
     c = [curve(shape(batch_tokens=b)) for b in (128, 1024, 8192)]
     assert np.all(c[0] >= c[1] - 1e-12) and np.all(c[1] >= c[2] - 1e-12)
     assert c[0][-1] > c[2][-1] + 0.01
-    # without the saddle's penalty on averaging (eps = 0), more groups at K = 1 never learn
-    # slower, and averaging fades with K
-    x = X.copy()
-    x[scaling.IDX["fl_escape_exponent"]] = 0.0
-    fl = [curve(shape(batch_tokens=128, groups=g, aggregate_every=1), x) for g in (1, 4, 64)]
+    # more groups at K = 1 never learn slower, and averaging fades with K
+    fl = [curve(shape(batch_tokens=128, groups=g, aggregate_every=1)) for g in (1, 4, 64)]
     assert np.all(fl[0] >= fl[1] - 1e-12) and np.all(fl[1] >= fl[2] - 1e-12)
-    ks = [curve(shape(batch_tokens=128, groups=64, aggregate_every=k, lr=2e-2), x)[-1]
+    ks = [curve(shape(batch_tokens=128, groups=64, aggregate_every=k, lr=2e-2))[-1]
           for k in (1, 8, 64)]
     assert ks[0] <= ks[1] <= ks[2]
-
-
-def test_averaged_groups_leave_the_saddle_later():
-    """eps > 0: the mean of 64 groups reaches the context stage later than one group would
-    with the same per-step progress (its escape coordinate advances 64^-eps as fast)."""
-    kw = dict(batch_tokens=128, groups=64, aggregate_every=1, lr=1e-2, steps=64)
-    x0, x1 = X.copy(), X.copy()
-    x0[scaling.IDX["fl_escape_exponent"]] = 0.0
-    x1[scaling.IDX["fl_escape_exponent"]] = 1.0
-    free, held = curve(shape(**kw), x0), curve(shape(**kw), x1)
-    assert np.all(held >= free - 1e-12) and held[-1] > free[-1] + 0.05
 
 
 def test_averaging_is_worth_little_at_a_small_learning_rate():
@@ -278,7 +265,30 @@ def test_a_bad_profile_is_one_line(scaling_profile):
 
         simulate(scaling_scenario(bad))
     extra = {**scaling_profile, "bogus": 1}
-    with pytest.raises(SpecError, match="convergence.profile.bogus: unknown key"):
+    with pytest.raises(SpecError, match=r"convergence\.profile\.bogus: unknown key"):
         from simfed.engine import simulate
 
         simulate(scaling_scenario(extra))
+
+
+def test_segments_take_the_plateau_out():
+    """A run that reaches the unigram loss, sits on it, then leaves it: "pre" ends at the first
+    point within 0.1 nats of L_u; "post" starts where the loss falls 0.1 below it (steps counted
+    from there, the model started at that loss); the plateau between is in neither."""
+    from simfed.convergence.runs import segments
+
+    s = shape(steps=64)
+    run = Run(key="r", shape=s, eval_steps=(0, 8, 16, 24, 32, 40, 48, 56, 64),
+              eval_loss=(5.5, 4.0, 3.05, 3.01, 3.0, 2.95, 2.6, 2.4, 2.3), tags={})
+    pre, post = segments(run, 3.0)
+    assert pre.shape.segment == "pre" and pre.eval_steps == (0, 8, 16)
+    assert post.shape.segment == "post" and post.shape.loss_init == pytest.approx(2.9)
+    # 2.9 is crossed at 40 + 8 * (2.95 - 2.9) / (2.95 - 2.6) = 41.1: start at step 41
+    assert post.shape.start_step == 41 and post.eval_steps == (0, 7, 15, 23)
+    assert post.eval_loss == (pytest.approx(2.9), 2.6, 2.4, 2.3)
+    assert post.tags["escape_step"] == pytest.approx(40 + 8 * 0.05 / 0.35)
+    # the model starts a post segment at its loss, and integrates the schedule from there
+    c = scaling.loss_curves_many(X, [post.shape])[0][0]
+    assert c[0] == pytest.approx(2.9) and len(c) == 64 - 41 + 1
+    stuck = Run(key="s", shape=s, eval_steps=(0, 32, 64), eval_loss=(5.5, 3.02, 2.99), tags={})
+    assert [g.shape.segment for g in segments(stuck, 3.0)] == ["pre"]
