@@ -66,6 +66,15 @@ def _on_alarm(signum, frame):
     raise Hang()
 
 
+def address_space() -> int:
+    """This process's mapped address space in bytes (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _init_worker(realrun: bool = False) -> None:
     """Limits and the alarm; the command lines imported here, outside any case's time limit
     (an import cut short by the alarm would leave a module half-initialised for every later
@@ -100,8 +109,10 @@ def _init_worker(realrun: bool = False) -> None:
             "training.steps=1", "--set", "training.eval_sequences=4"])
     try:
         _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(
-            hard, MEMORY_LIMIT_BYTES)
+        # a case may grow the worker by MEMORY_LIMIT_BYTES beyond what the imports took (torch
+        # alone maps gigabytes of address space)
+        want = address_space() + MEMORY_LIMIT_BYTES
+        limit = want if hard == resource.RLIM_INFINITY else min(hard, want)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     except (ValueError, OSError):
         pass

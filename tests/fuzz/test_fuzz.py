@@ -144,15 +144,20 @@ def test_the_runner_sees_hangs_invalid_json_and_stray_files(worker, monkeypatch)
 
 def test_worker_limits_are_set():
     """The pool's initializer caps memory (a blow-up becomes MemoryError, then an internal
-    error, not a dead machine); checked in a child so this process keeps its limits."""
+    error, not a dead machine): a case may grow the worker by at most MEMORY_LIMIT_BYTES beyond
+    its imports; checked in a child so this process keeps its limits."""
     from concurrent.futures import ProcessPoolExecutor
 
+    from .runner import MEMORY_LIMIT_BYTES
+
     with ProcessPoolExecutor(max_workers=1, initializer=_init_worker) as pool:
-        soft = pool.submit(_as_limit).result()
-    assert 0 < soft <= 4 * 2**30
+        soft, used = pool.submit(_as_limit).result()
+    assert 0 < soft - used <= MEMORY_LIMIT_BYTES
 
 
-def _as_limit() -> int:
+def _as_limit() -> tuple[int, int]:
     import resource
 
-    return resource.getrlimit(resource.RLIMIT_AS)[0]
+    from .runner import address_space
+
+    return resource.getrlimit(resource.RLIMIT_AS)[0], address_space()
