@@ -70,8 +70,10 @@ def check_converge_cost(sc: Any, algos: list[Any]) -> None:
     """A RealrunError naming the limit when emulating `algos` would not fit or not end."""
     for a in algos:
         groups, nbytes, flops = converge_cost(sc, a)
+        tokens = a.plan(sc.cluster).world * sc.training.micro_batch * sc.training.seq_len
         what = (f"{a.display}: {groups:,} group{'' if groups == 1 else 's'} x "
-                f"{sc.model.total_params:,} parameters, {sc.training.steps:,} steps")
+                f"{sc.model.total_params:,} parameters, {tokens:,} tokens a step, "
+                f"{sc.training.steps:,} steps")
         if nbytes > MAX_CONVERGE_BYTES:
             raise RealrunError(f"{what} need about {nbytes / 2**30:,.1f} GiB in the emulator; "
                                f"the limit is {MAX_CONVERGE_BYTES / 2**30:.0f} GiB (fewer "
