@@ -123,7 +123,8 @@ class AlgorithmResult(_Record):
     _nested: ClassVar[dict[str, type[_Record]]] = {"plan": Plan, "phases_s": Phases}
     _optional: ClassVar[frozenset[str]] = frozenset(
         {"speedup", "epoch_speedup", "steps_to_target", "tokens_to_target", "time_to_target_s",
-         "time_to_target_interval_s", "convergence", "fl_rounds"})
+         "time_to_target_interval_s", "steps_to_target_interval", "tokens_to_target_interval",
+         "fedavg_to_reach_target", "convergence", "fl_rounds"})
 
     name: str
     label: str
@@ -164,6 +165,10 @@ class AlgorithmResult(_Record):
     tokens_to_target: int | None = None
     time_to_target_s: float | None = None
     time_to_target_interval_s: list[float | None] | None = None
+    steps_to_target_interval: list[int | None] | None = None  # [p10, p90]
+    tokens_to_target_interval: list[int | None] | None = None
+    # a federated run whose groups' mean reaches the target between FedAvg rounds pays one more
+    fedavg_to_reach_target: bool | None = None
     convergence: dict[str, Any] | None = None  # predicted loss curve and its band
     fl_rounds: dict[str, Any] | None = None  # time-budgeted or deadline FedAvg rounds
 

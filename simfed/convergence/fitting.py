@@ -194,7 +194,8 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             rows.append({"key": r.key, "source": r.source, "seed": r.seed,
                          "target_loss": round(tgt, 4), "measured_steps": round(meas, 2),
                          "predicted_steps": round(pred, 2) if math.isfinite(pred) else None,
-                         "band": [float(lo), float(hi) if math.isfinite(hi) else None],
+                         "band": [float(lo) if math.isfinite(lo) else None,
+                                  float(hi) if math.isfinite(hi) else None],
                          "inside": bool(lo <= meas <= hi),
                          "error": pred_v / meas - 1})
     errs = [abs(row["error"]) for row in rows]
