@@ -159,6 +159,8 @@ def segments(run: Run, unigram: float) -> list[Run]:
     out = []
     near = np.nonzero(loss <= unigram + PRE_MARGIN)[0]
     end = int(near[0]) if len(near) else len(loss) - 1
+    if loss[end] < unigram:  # that point is already past L_u: stage 2 at work, not stage 1
+        end -= 1
     if end >= 1:
         out.append(replace(run, key=run.key + "#pre", shape=replace(run.shape, segment="pre"),
                            eval_steps=tuple(int(v) for v in steps[: end + 1]),
