@@ -82,7 +82,8 @@ _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--trace-steps", type=click.IntRange(min=1), default=None,
               help="Trace only the first N steps.")
 @click.option("--algorithm", "-a", "algorithms", multiple=True,
-              help="Simulate only these algorithms (names or labels).")
+              help="Simulate only these algorithms (names or labels; repeat the option or give "
+                   "a comma list, as realrun takes them).")
 @click.option("--seed", type=int, default=None, help="Override the scenario seed.")
 @click.option("--profile", type=click.Path(dir_okay=False),
               help="A calibrated profile (simfed calibrate) merged over the scenario.")
@@ -105,6 +106,7 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
     if seed is not None:
         overrides["seed"] = seed
     scn = load(scenario, overrides, profile=profile)
+    algorithms = tuple(a for given in algorithms for a in given.split(",") if a)
     res = simulate(scn, list(algorithms) or None, robustness=robustness,
                    trace=bool(trace_dir), trace_steps=trace_steps)
     out = res.to_dict()

@@ -39,6 +39,15 @@ def test_run_writes_traces(tmp_path):
     assert any(e["ph"] == "X" for e in chrome["traceEvents"])
 
 
+def test_algorithms_as_a_comma_list_as_realrun_takes_them(tmp_path):
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["run", TINY, "-a", "fsdp,fl_fsdp", "-q", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert [a["name"] for a in json.loads(out.read_text())["algorithms"]] == ["fsdp", "fl_fsdp"]
+    res = CliRunner().invoke(main, ["run", TINY, "-a", "fsdp,bogus", "-q"])
+    assert res.exit_code == 2 and "bogus" in res.output
+
+
 def test_bad_scenario_is_one_line_and_nonzero(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((SCENARIOS / "cpu4.yaml").read_text().replace("seq_len: 32", "seq_len: -1")

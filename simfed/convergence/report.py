@@ -109,7 +109,8 @@ def size_study(studies: list[dict[str, Any]]) -> list[str]:
     over seeds) and the share of the gap from one group to FSDP that averaging recovers,
     (L_one - L_FL) / (L_one - L_FSDP), with a 90% t-interval over seeds; and FL - FSDP per lr."""
     rows = ["| size (non-embedding params) | FSDP 128 seqs | FL+FSDP 32 x 4, K = 8 | one group "
-            "of 4 | averaging recovers (90% interval) | seeds |", "|---|---|---|---|---|---|"]
+            "of 4 | one group - FL (90% interval) | FL - FSDP (90% interval) | averaging "
+            "recovers | seeds |", "|---|---|---|---|---|---|---|---|"]
     lr_rows = ["| size | " + " | ".join(f"lr {lr:g}: FL - FSDP" for lr in LRS) + " |",
                "|---|" + "---|" * len(LRS)]
     for st in sorted(studies, key=lambda s: s["model"]["non_embedding_params"]):
@@ -118,9 +119,11 @@ def size_study(studies: list[dict[str, Any]]) -> list[str]:
         fs, fl, one = (f.get(k, []) for k in ("fsdp/n32/k0/lr0.003", "fl_fsdp/n32/k8/lr0.003",
                                                 "fsdp/n1/k0/lr0.003"))
         rec = _recovered(st)
+        gain = _paired(st, "fsdp/n1/k0/lr0.003", "fl_fsdp/n32/k8/lr0.003")
+        gap = _paired(st, "fl_fsdp/n32/k8/lr0.003", "fsdp/n32/k0/lr0.003")
         rows.append(f"| {st['model']['name']} ({n / 1e6:.3g}M) | {_stats(fs) if fs else '-'} | "
-                    f"{_stats(fl) if fl else '-'} | {_stats(one) if one else '-'} | {rec} | "
-                    f"{min(len(fs), len(fl), len(one))} |")
+                    f"{_stats(fl) if fl else '-'} | {_stats(one) if one else '-'} | {gain} | "
+                    f"{gap} | {rec} | {min(len(fs), len(fl), len(one))} |")
         cells = []
         for lr in LRS:
             a, b = f.get(f"fl_fsdp/n32/k8/lr{lr:g}"), f.get(f"fsdp/n32/k0/lr{lr:g}")
@@ -132,6 +135,23 @@ def size_study(studies: list[dict[str, Any]]) -> list[str]:
 
 
 LRS = (3e-4, 1e-3, 3e-3, 1e-2)
+
+
+def _paired(study: dict[str, Any], a: str, b: str) -> str:
+    """Final loss of `a` minus `b`, paired by seed: mean and 90% t-interval."""
+    by_seed: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in study["runs"]:
+        by_seed[r["seed"]][r["key"]] = r["eval_loss"][-1]
+    d = [v[a] - v[b] for v in by_seed.values() if a in v and b in v]
+    if not d:
+        return "-"
+    m = statistics.fmean(d)
+    if len(d) < 2:
+        return f"{m:+.3f} (one seed)"
+    from scipy.stats import t
+
+    half = t.ppf(0.95, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+    return f"{m:+.3f} [{m - half:+.3f}, {m + half:+.3f}]"
 
 
 def _recovered(study: dict[str, Any]) -> str:
