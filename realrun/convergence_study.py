@@ -42,6 +42,7 @@ from simfed.spec.paths import write_text_atomic
 
 from .converge import emulate
 from .data import load_corpus
+from .errors import RealrunError
 
 STUDY_SCHEMA = "realrun.convergence_study/1"
 BASE = Path(__file__).resolve().parent.parent / "scenarios" / "convergence-tiny.yaml"
@@ -275,6 +276,26 @@ def header(exp: Experiment, quick: bool) -> dict[str, Any]:
     }
 
 
+def resumed(path: Path, exp: Experiment, quick: bool) -> dict[str, Any]:
+    """A study file to resume, checked before anything runs (simfed.spec.study: a truncated or
+    damaged file is one line naming it); it must be this experiment's, written the same way
+    (quick or not), its runs this experiment's points."""
+    from simfed.spec.study import read_study_file
+
+    data = read_study_file(path)
+    if data["experiment"] != exp.name or bool(data.get("quick")) != quick:
+        raise RealrunError(f"{path}: holds experiment {data['experiment']!r}"
+                           f"{' (--quick)' if data.get('quick') else ''}; resuming "
+                           f"{exp.name!r}{' (--quick)' if quick else ''} would mix them: "
+                           "write to another --out")
+    keys = {p.key for p in exp.points}
+    stray = [r["key"] for r in data["runs"] if r["key"] not in keys]
+    if stray:
+        raise RealrunError(f"{path}: run {stray[0]!r} is not a point of {exp.name}; resume "
+                           "only files this version of the study wrote")
+    return data
+
+
 def points_for(exp: Experiment, seeds: tuple[int, ...]) -> Iterator[tuple[RunPoint, int]]:
     for seed in seeds:  # seed-major: a partial study has whole grids
         for p in exp.points:
@@ -289,7 +310,7 @@ def run_study(out: Path, only: tuple[str, ...], seeds: tuple[int, ...], quick: b
     written = []
     for exp in (experiment(n) for n in only) if only else EXPERIMENTS:
         path = out / f"{exp.name}.json"
-        data = json.loads(path.read_text()) if path.exists() else header(exp, quick)
+        data = resumed(path, exp, quick) if path.exists() else header(exp, quick)
         done = {(r["key"], r["seed"]) for r in data["runs"]}
         for point, seed in points_for(exp, seeds):
             if (point.key, seed) in done:

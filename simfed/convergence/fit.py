@@ -17,7 +17,6 @@ The held-out split is fixed here, before any fit was looked at: FL+FSDP with G =
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from statistics import median
@@ -36,17 +35,12 @@ TARGET_FRACTIONS = (0.25, 0.5, 0.75)  # of the drop from the untrained loss to t
 
 
 def read_study(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"{p}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError(f"{p}: not a convergence study file ({type(exc).__name__})") from None
-    if not isinstance(data, dict) or data.get("schema") != STUDY_SCHEMA:
-        raise SpecError(f"{p}: not a convergence study file (schema {STUDY_SCHEMA} expected; "
-                        "write one with `realrun converge-study`)")
-    data["path"] = str(p)
+    """One study file, checked (simfed.spec.study: every key known, numbers finite and in
+    range, evaluation steps increasing from 0; one line naming the file and field otherwise)."""
+    from ..spec.study import read_study_file
+
+    data = read_study_file(path)
+    data["path"] = str(path)
     return data
 
 

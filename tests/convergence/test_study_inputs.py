@@ -1,0 +1,92 @@
+"""Convergence study files as inputs: `simfed calibrate --convergence` and the report refuse a
+damaged study in one line naming the file, run and field (exit 2), and `realrun
+converge-study` refuses to resume over a damaged or foreign file before it runs anything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ..conftest import ROOT
+
+STUDY = ROOT / "results" / "convergence" / "kjv-h48.json"
+
+
+def simfed(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simfed.cli", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def damaged(tmp_path, change) -> str:
+    data = json.loads(STUDY.read_text())
+    change(data)
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(data))
+    return str(p)
+
+
+def _set(path, value):
+    def f(data):
+        obj = data
+        for k in path[:-1]:
+            obj = obj[k]
+        if value is KeyError:
+            del obj[path[-1]]
+        else:
+            obj[path[-1]] = value
+    return f
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set(["runs"], KeyError), r"runs: required"),
+    (_set(["runs", 0, "lr"], KeyError), r"runs\[0\]\.lr: required"),
+    (_set(["runs", 0, "eval_loss", 3], 1e308), r"runs\[0\]\.eval_loss\[3\]: input should be "
+                                                 r"less than or equal to 100"),
+    (_set(["runs", 0, "eval_steps"], [0, 16, 8] + list(range(24, 129, 8))),
+     r"runs\[0\]: eval_steps must increase: 16 then 8 at point 2"),
+    (_set(["runs", 0, "eval_steps", 0], 4), r"eval_steps must start at 0"),
+    (_set(["model", "vocab"], "abc"), r"model\.vocab: input should be a valid integer"),
+    (_set(["bogus"], 1), r"bogus: unknown key"),
+])
+def test_a_damaged_study_is_one_line(tmp_path, change, message):
+    path = damaged(tmp_path, change)
+    res = simfed("calibrate", "--convergence", path, "--out", str(tmp_path / "p.yaml"))
+    assert res.returncode == 2, res.stderr
+    line = (res.stderr + res.stdout).strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith("error: ") and path in line
+    import re
+    assert re.search(message, line), line
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_nan_and_truncated_studies_are_refused(tmp_path):
+    text = STUDY.read_text()
+    nan = tmp_path / "nan.json"
+    nan.write_text(text.replace('"eval_loss":[5.53', '"eval_loss":[NaN', 1))
+    res = simfed("calibrate", "--convergence", str(nan), "--out", str(tmp_path / "p.yaml"))
+    assert res.returncode == 2 and "not strict JSON" in res.stderr
+    cut = tmp_path / "cut.json"
+    cut.write_text(text[: len(text) // 2])
+    res = simfed("calibrate", "--convergence", str(cut), "--out", str(tmp_path / "p.yaml"))
+    assert res.returncode == 2 and "not JSON" in res.stderr
+
+
+def test_converge_study_resumes_only_what_it_can_verify(tmp_path):
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "kjv-h48.json").write_text(STUDY.read_text()[:1000])  # a run cut short
+    res = subprocess.run([sys.executable, "-m", "realrun.cli", "converge-study", "--out",
+                          str(out), "--only", "kjv-h48", "--quick", "--seeds", "0"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 2, res.stderr
+    assert "kjv-h48.json: not JSON" in res.stderr and "Traceback" not in res.stderr
+    # another experiment's (or a full-length study's) file is not resumed as --quick
+    (out / "kjv-h48.json").write_text(STUDY.read_text())
+    res = subprocess.run([sys.executable, "-m", "realrun.cli", "converge-study", "--out",
+                          str(out), "--only", "kjv-h48", "--quick", "--seeds", "0"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 2 and "would mix them" in res.stderr, res.stderr
