@@ -166,7 +166,7 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         f"{p['progress_size_exponent']:.3g}; floor {p['loss_floor']:.3f} + "
         f"{math.exp(p['log_floor_coef']):.3g} (N/1e6)^-{p['floor_size_exponent']:.3g}",
         f"  FedAvg: kappa {math.exp(p['log_fl_kappa']):.3g}"
-        + (f" (95% {math.exp(k[0]):.3g}..{math.exp(k[1]):.3g})" if k else ""),
+        + (f" (95% interval of ln kappa {k[0]:.3g}..{k[1]:.3g})" if k else ""),
     ]
     if profile["on_bound"]:
         lines.append(f"  ON A BOUND of its range: {', '.join(profile['on_bound'])}")
