@@ -52,11 +52,15 @@ def _apply_data_constants(scn: Scenario, x: np.ndarray, draws: np.ndarray) -> li
     notes = []
     for name, value in given.items():
         if name == "optimal_lr":
-            # eta*(N) of the scenario's model as given; each draw keeps its own size exponent
-            c = scaling.IDX["lr_size_exponent"]
+            # eta*(N) of the scenario's model as given (each draw keeps its own size exponent),
+            # and stage 1's eta*_1 in the fitted ratio to it
+            c, s2, s1 = (scaling.IDX[k] for k in ("lr_size_exponent", "log_lr_star",
+                                                   "log_unigram_lr_star"))
             n_rel = non_embedding_params(scn) / scaling.N_REF
-            x[scaling.IDX["log_lr_star"]] = math.log(value) + x[c] * math.log(n_rel)
-            draws[:, scaling.IDX["log_lr_star"]] = math.log(value) + draws[:, c] * math.log(n_rel)
+            for v in (x[None, :], draws):
+                ratio = v[:, s1] - v[:, s2]
+                v[:, s2] = math.log(value) + v[:, c] * math.log(n_rel)
+                v[:, s1] = v[:, s2] + ratio
             notes.append(f"optimal_lr {value:g}")
             continue
         param, tf = DATA_CONSTANTS[name]
