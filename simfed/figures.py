@@ -321,7 +321,7 @@ def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, di
     and the measured FL grid of every convergence study in RESULTS/convergence (`studies`:
     read and checked already)."""
     from .engine import simulate
-    from .plots import plot_fl_grid, plot_time_to_target
+    from .plots import plot_fl_grid, plot_size_study, plot_time_to_target
     from .spec import load_scenario
 
     ttt = scenario.with_name(f"{scenario.stem}-time-to-target.yaml")
@@ -330,7 +330,12 @@ def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, di
         m.save(plot_time_to_target(out), f"{scenario.stem}_perplexity_vs_time_to_target")
     else:
         echo(f"note: {ttt} not found: skipping the time-to-target figure")
+    sizes = [data for _, data in studies if "non_embedding_params" in data.get("model", {})]
+    if sizes:  # the size study: its files side by side
+        m.save(plot_size_study(sizes), "convergence_size_study")
     for study, data in studies:
+        if "non_embedding_params" in data.get("model", {}):
+            continue
         sweep = {r["batch_per_model"] for r in data.get("runs", []) if r["algorithm"] == "fsdp"}
         if len(sweep) >= 2:  # a study with a batch sweep and an FL grid to set beside it
             m.save(plot_fl_grid(data), f"convergence_{study.stem}_fl_grid")

@@ -131,7 +131,7 @@ def size_study(studies: list[dict[str, Any]]) -> list[str]:
         lr_rows.append(f"| {st['model']['name']} | " + " | ".join(cells) + " |")
     return ["### The size study: what averaging recovers, by model size", "", *rows, "",
             "FL+FSDP (32 x 4, K = 8) minus FSDP (128 sequences), final eval loss after 128 "
-            "steps (nats), seed 0:", "", *lr_rows]
+            "steps (nats), mean over the seeds each has:", "", *lr_rows]
 
 
 LRS = (3e-4, 1e-3, 3e-3, 1e-2)

@@ -15,6 +15,7 @@ _WHERE = {
     "load_summaries": "perplexity",
     "plot_perplexity": "perplexity",
     "plot_fl_grid": "convergence",
+    "plot_size_study": "convergence",
     "plot_phases": "phases",
     "plot_scaling": "scaling",
     "plot_stragglers": "stragglers",

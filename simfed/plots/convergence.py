@@ -5,6 +5,7 @@ final evaluation loss of the convergence study's FL grid against the number of g
 from __future__ import annotations
 
 import math
+import textwrap
 from itertools import accumulate
 from typing import Any
 
@@ -55,9 +56,9 @@ def plot_time_to_target(out: dict[str, Any]) -> Figure:
     ax.legend(fontsize=8)
     title = f"{out['scenario']}: predicted eval perplexity vs time (band p10..p90)"
     if conv["extrapolation"]:
-        title += f"\nEXTRAPOLATED: {conv['extrapolation'][0]}"
-        if len(conv["extrapolation"]) > 1:
-            title += f" (+{len(conv['extrapolation']) - 1} more)"
+        more = len(conv["extrapolation"]) - 1
+        title += "\n" + textwrap.shorten(f"EXTRAPOLATED: {conv['extrapolation'][0]}", 100) + (
+            f" (+{more} more)" if more else "")
     ax.set_title(title, fontsize=9)
     ax.text(0.99, 0.99, "markers: time to target" + (
         "; dashed: the extra FedAvg a federated run pays off a round"
@@ -106,4 +107,44 @@ def plot_fl_grid(study: dict[str, Any]) -> Figure:
                  f", lr {lr:g} ({seeds} seed{'s' if seeds > 1 else ''})", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
+    return fig
+
+
+SIZE_KEYS = (("fsdp/n32/k0/lr0.003", "FSDP, 128 sequences"),
+             ("fl_fsdp/n32/k8/lr0.003", "FL+FSDP, 32 groups x 4, K = 8"),
+             ("fsdp/n1/k0/lr0.003", "one group of 4"))
+
+
+def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
+    """The size study's central comparison, one panel per model size: measured eval loss
+    against steps at lr 3e-3 for FSDP, FL+FSDP and one group alone (every seed, 128 and 512
+    steps), with the data's unigram loss, where the small models stall."""
+    studies = sorted(studies, key=lambda st: st["model"].get("non_embedding_params") or 0)
+    fig = new_figure(4.0 * len(studies), 4.0)
+    axes = fig.subplots(1, len(studies), sharey=True, squeeze=False)[0]
+    colors = ("#4c72b0", "#2a9d5c", "#8c8c8c")
+    for ax, st in zip(axes, studies, strict=True):
+        for (key, label), color in zip(SIZE_KEYS, colors, strict=True):
+            first = True
+            for r in st["runs"]:
+                if r["key"].split("/s")[0] != key.split("/s")[0] or not r["key"].startswith(key):
+                    continue
+                ax.plot(r["eval_steps"], r["eval_loss"], color=color, linewidth=1.0,
+                        alpha=0.9 if r["seed"] == 0 else 0.45,
+                        linestyle="-" if r["steps"] <= 128 else "--",
+                        label=label if first else None)
+                first = False
+        u = st["data"].get("unigram_loss_nats")
+        if u:
+            ax.axhline(u, color="#c44e52", linestyle=":", linewidth=1, label="unigram loss")
+        n = st["model"].get("non_embedding_params") or st["model"]["params"]
+        ax.set_title(f"{st['model']['name']} ({n / 1e6:.3g}M non-embedding)", fontsize=9)
+        ax.set_xscale("symlog", linthresh=16)
+        ax.set_xlim(left=0)
+        ax.set_xlabel("optimizer steps (dashed: 512-step runs)")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("eval loss (nats)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("size study, lr 3e-3: FedAvg of AdamW groups against one large batch and one "
+                 "group (every seed)", fontsize=10)
     return fig

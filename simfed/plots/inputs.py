@@ -166,7 +166,10 @@ def sweep_rows(path: str | Path, what: str = "plot") -> list[dict[str, Any]]:
 
 
 def study_for_grid(path: str | Path, what: str = "figures") -> dict[str, Any]:
-    """A convergence study file as the FL-grid figure reads it, checked."""
-    data = read_json(path, what)
+    """A convergence study file as the convergence figures read it, checked whole
+    (simfed.spec.study) and for what the FL-grid figure needs."""
+    from ..spec.study import read_study_file
+
+    data = read_study_file(path)
     check(StudyForGrid, data, f"{path} (a realrun converge-study file)")
     return data
