@@ -148,7 +148,7 @@ def test_figures_check_every_input_before_writing_anything(tmp_path):
     (results / "convergence" / "a.json").write_text(json.dumps({"runs": [{"algorithm": 3}]}))
     res = CliRunner().invoke(main, ["figures", "--scenario", CPU4, "--out", str(out),
                                     "--results", str(results), "--only", "convergence", "-q"])
-    _refused(res, "a.json", "recipe: field required")
+    _refused(res, "a.json", "not a convergence study file")
 
 
 @pytest.mark.parametrize("data, needle", [
