@@ -152,7 +152,7 @@ EXPERIMENTS = (
                      "reduced as a ring in bf16, FSDP1's pre/post division",
                      (RunPoint("fsdp", 128, ring_dtype="bf16"),
                       RunPoint("fl_fsdp", 128, 8, ring_dtype="bf16"))),
-    # FL variant (simfed issue 19): DiLoCo's Nesterov outer step on FL+FSDP's average, beside
+    # An FL variant: DiLoCo's Nesterov outer step on FL+FSDP's average, beside
     # plain FedAvg (the synthetic-tiny and kjv-tiny files hold the plain runs)
     *on_both_corpora("nesterov", "FL+FSDP 128 x 4, K = 8 with DiLoCo's Nesterov outer step "
                      "(lr 0.7, momentum 0.9)",

@@ -1,4 +1,4 @@
-"""Per-operator calibration from torch.profiler traces (simfed.calibration.profiler, issue 16).
+"""Per-operator calibration from torch.profiler traces (simfed.calibration.profiler).
 
 - A SYNTHETIC CUDA trace in Kineto's format (tests/fixtures/profiler/make_gpu_trace.py: kernels
   linked to CPU operators by "External id", backward on the autograd thread, split-K GEMMs,
@@ -269,7 +269,7 @@ def test_a_run_folder_is_read_with_its_profiler_traces(tmp_path):
 
 
 def test_a_trace_without_shapes_says_so(tmp_path):
-    """A profile taken with record_shapes=False (realrun's before issue 16) has operators but
+    """A profile taken with record_shapes=False (as realrun's once were) has operators but
     no "Input Dims": nothing is fitted and the output says why."""
     doc = json.loads(GPU_TRACE.read_text())
     for e in doc["traceEvents"]:

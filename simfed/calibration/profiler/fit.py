@@ -13,7 +13,7 @@ they stay positive: a robust (soft-L1) first pass, then a plain one with each ki
 weighted by its own scatter in the first (so that how badly memory-bound operators fit does not
 widen the GEMMs' interval); 95% intervals from the Jacobian. A parameter the samples do not
 identify (`result.unidentified`: a 95% interval wider than +-50%, or none) is fixed at the
-scenario's value and the rest refitted, as in the other calibration fits (issue 18). An
+scenario's value and the rest refitted, as in the other calibration fits. An
 efficiency above 1 is not used either (the scenario's peak or bandwidth is then below what was
 measured).
 """
