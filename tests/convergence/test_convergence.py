@@ -253,7 +253,7 @@ def test_calibrate_cli_fits_a_study_file_and_run_uses_the_profile(tmp_path):
                           str(tmp_path / "q.yaml")], capture_output=True, text=True, cwd=ROOT,
                          timeout=60)
     assert bad.returncode == 2
-    assert bad.stderr.strip().startswith(f"error: {scn}: not a convergence study file")
+    assert bad.stderr.strip().startswith(f"error: {scn}: not JSON")  # a scenario, not a study
 
 
 def test_shipped_time_to_target_scenarios_say_first_and_flag_extrapolation():
@@ -263,7 +263,8 @@ def test_shipped_time_to_target_scenarios_say_first_and_flag_extrapolation():
     assert conv["first_to_target"] in [a["label"] for a in out["algorithms"]]
     big, _ = simulate(load_scenario(SCENARIOS / "512gpu-time-to-target.yaml"))
     extra = " | ".join(big["convergence"]["extrapolation"])
-    assert "model llama3.1-8b" in extra and "sequence length 2048 (fitted at 32)" in extra
+    assert "model size (non-embedding params) 6.98e+09 outside the fitted" in extra
+    assert "sequence length 2048 outside the fitted 32..32" in extra
     assert big["convergence"]["loss_init"] == pytest.approx(math.log(128256))
 
 

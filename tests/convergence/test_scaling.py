@@ -49,8 +49,8 @@ def loss_of(progress: float, params: float, progress1: float | None = None) -> f
 
 
 def test_one_step_is_the_closed_form():
-    """Step 0 has lr 0 (warm-up from 0); step 1 at lr eta: each stage's dP = 2 x s - x^2 q,
-    with x = eta / eta* of that stage."""
+    """Step 0 has lr 0 (warm-up from 0); step 1 at lr eta: each stage's dP = 2 x s / (1 + x^2
+    q / s^2), with x = eta / eta* of that stage (and 2 x s - x^2 q with the quadratic)."""
     s = shape(groups=8, aggregate_every=1, warmup_steps=2)
     c = curve(s)
     assert c[1] == pytest.approx(L0)  # lr 0 at step 0: nothing learnt
@@ -59,12 +59,22 @@ def test_one_step_is_the_closed_form():
     s2 = s.batch_tokens / (s.batch_tokens + bn)
     q = s2 + (1 - s2) / 8  # K = 1: G_eff = G
 
-    def dp(lr_star: float) -> float:
+    def dp(lr_star: float, quadratic: bool = False) -> float:
         x = eta / lr_star
-        return 2 * x * math.sqrt(s2) - x * x * q
+        if quadratic:
+            return 2 * x * math.sqrt(s2) - x * x * q
+        return 2 * x * math.sqrt(s2) / (1 + x * x * q / s2)
 
     star1 = 8e-3 * (s.params / 1e6) ** -TRUE["lr_size_exponent"]
-    want = loss_of(dp(scaling.optimal_lr(X, s.params)), s.params, dp(star1))
+    star2 = scaling.optimal_lr(X, s.params)
+    assert c[2] == pytest.approx(loss_of(dp(star2), s.params, dp(star1)), rel=1e-12)
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(scaling, "RESPONSE", "quadratic")
+    try:
+        c = curve(s)
+    finally:
+        monkey.undo()
+    want = loss_of(dp(star2, True), s.params, dp(star1, True))
     assert c[2] == pytest.approx(want, rel=1e-12)
 
 

@@ -45,7 +45,7 @@ def _set(path, value):
     (_set(["runs", 0, "lr"], KeyError), r"runs\[0\]\.lr: required"),
     (_set(["runs", 0, "eval_loss", 3], 1e308), r"runs\[0\]\.eval_loss\[3\]: input should be "
                                                  r"less than or equal to 100"),
-    (_set(["runs", 0, "eval_steps"], [0, 16, 8] + list(range(24, 129, 8))),
+    (_set(["runs", 0, "eval_steps"], [0, 16, 8, *list(range(24, 129, 8))]),
      r"runs\[0\]: eval_steps must increase: 16 then 8 at point 2"),
     (_set(["runs", 0, "eval_steps", 0], 4), r"eval_steps must start at 0"),
     (_set(["model", "vocab"], "abc"), r"model\.vocab: input should be a valid integer"),
