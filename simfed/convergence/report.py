@@ -197,10 +197,33 @@ def holdout_lines(study: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The report, with the error contract of simfed's command lines: a damaged or missing
+    study is one line and exit status 2; a fault of the report itself one line naming a log
+    file with the traceback, exit status 3."""
+    import sys
+
+    from ..spec.messages import internal_error_line, one_line
+
     ap = argparse.ArgumentParser(prog="python -m simfed.convergence.report")
     ap.add_argument("studies", nargs="+")
     ap.add_argument("--holdout", action="store_true")
     args = ap.parse_args(argv)
+    try:
+        _report(args)
+    except SpecError as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as exc:
+        name = f" {exc.filename}" if exc.filename else ""
+        print(one_line(f"error: cannot access{name}: {exc.strerror or exc}"), file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:  # RecursionError and MemoryError included
+        print(internal_error_line("simfed.convergence.report", exc,
+                                  sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        sys.exit(3)
+
+
+def _report(args: argparse.Namespace) -> None:
     sizes = []
     for path in args.studies:
         study = read_study(path)

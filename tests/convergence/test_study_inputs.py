@@ -90,3 +90,28 @@ def test_converge_study_resumes_only_what_it_can_verify(tmp_path):
                           str(out), "--only", "kjv-h48", "--quick", "--seeds", "0"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 2 and "would mix them" in res.stderr, res.stderr
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simfed.convergence.report", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_the_report_refuses_a_damaged_or_missing_study_in_one_line(tmp_path):
+    """The report keeps simfed's error contract (it raised the reader's SpecError as a
+    traceback, exit 1)."""
+    cases = [(damaged(tmp_path, _set(["runs", 0, "lr"], KeyError)), r"runs\[0\]\.lr: required"),
+             (str(tmp_path / "none.json"), r"file not found")]
+    (tmp_path / "list.json").write_text("[1, 2]")
+    cases.append((str(tmp_path / "list.json"), r"not a convergence study file"))
+    for path, message in cases:
+        res = report(path)
+        assert res.returncode == 2, res.stderr
+        line = res.stderr.strip()
+        assert "\n" not in line and "Traceback" not in line, line
+        assert line.startswith("error: ") and path in line
+        import re
+        assert re.search(message, line), line
+        assert res.stdout == ""
+    res = report(damaged(tmp_path, lambda d: d.update(runs=d["runs"][:3])))
+    assert res.returncode == 0 and "| llama-h48 |" in res.stdout, res.stderr
