@@ -19,7 +19,7 @@ import numpy as np
 
 from ..spec import Scenario, SpecError
 from . import scaling
-from .profile import parse
+from .profile import ScalingParams, parse
 from .runs import Shape, crossing
 
 QUANTILES = (0.1, 0.5, 0.9)
@@ -47,10 +47,27 @@ def _vector(prof: Any) -> np.ndarray:
     return np.array([getattr(prof.params, p) for p in scaling.PARAMS], float)
 
 
+def constant_range(name: str) -> tuple[float, float]:
+    """The range a data constant is held to: that of the profile parameter it replaces
+    (profile.ScalingParams; a log parameter's range exponentiated), optimal_lr that of the
+    optimal learning rate (log_lr_star)."""
+    param = "log_lr_star" if name == "optimal_lr" else DATA_CONSTANTS[name][0]
+    lo, hi = -math.inf, math.inf
+    for m in ScalingParams.model_fields[param].metadata:
+        lo = getattr(m, "ge", getattr(m, "gt", lo))
+        hi = getattr(m, "le", hi)
+    return (math.exp(lo), math.exp(hi)) if param.startswith("log_") else (lo, hi)
+
+
 def _apply_data_constants(scn: Scenario, x: np.ndarray, draws: np.ndarray) -> list[str]:
     given = scn.convergence.data_constants or {}
     notes = []
     for name, value in given.items():
+        lo, hi = constant_range(name)
+        if not lo <= value <= hi:  # (a profile with that parameter would be refused)
+            raise SpecError(f"convergence.data_constants.{name}: {value:g} is outside "
+                            f"{lo:.3g}..{hi:.3g}, the range of the profile parameter it "
+                            "replaces")
         if name == "optimal_lr":
             # eta*(N) of the scenario's model as given (each draw keeps its own size exponent),
             # and stage 1's eta*_1 in the fitted ratio to it
