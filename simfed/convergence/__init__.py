@@ -89,7 +89,8 @@ def _loss_scale(scn: Scenario, prof: dict[str, Any], x: np.ndarray) -> tuple[flo
             f"convergence.profile: fitted for model {rng.get('model')} (vocab {vocab}) but the "
             f"scenario's model {scn.model.name} has vocab {scn.model.vocab}; fit a profile for "
             "this model, or set convergence.transfer: true and convergence.loss_floor")
-    return float(prof.get("loss_init", math.log(scn.model.vocab))), float(x[FLOOR])
+    init = prof.get("loss_init")  # absent or null: the untrained loss ln(vocab)
+    return float(math.log(scn.model.vocab) if init is None else init), float(x[FLOOR])
 
 
 def target_loss(scn: Scenario) -> float | None:
