@@ -12,9 +12,10 @@ checks (`Rule`): a mutation that breaks a rule is INVALID (it must be refused: e
 line), a mutation elsewhere is EITHER (it may run or be refused, but never crash, hang, write
 invalid JSON or replace what an output path names); the unmutated base is VALID.
 
-`FAMILIES` lists them (name, maker, weight); `EXTRA_FAMILIES` is the hook for more (the
-convergence study and profile generators): append (name, maker, weight), where maker(gen) ->
-Case takes the `Families` object (its rng, `case()` and the mutation helpers below).
+`FAMILIES` lists them (name, maker, weight); `EXTRA_FAMILIES` is the hook for more: append
+(name, maker, weight), where maker(gen) -> Case takes the `Families` object (its rng, `case()`
+and the mutation helpers below). The convergence study and profile kinds are there
+(tests/fuzz/convergence.py).
 """
 
 from __future__ import annotations
@@ -683,10 +684,12 @@ FAMILIES: list[tuple[str, Callable[[Families], Case], int]] = [
     ("outputs", Families.outputs_case, 1),
 ]
 
-# More families (the convergence study and profile generators): append (name, maker, weight);
-# maker(families: Families) -> Case. See tests/fuzz/README in docs/testing.md.
+# More families: append (name, maker, weight); maker(families: Families) -> Case (see
+# docs/testing.md). tests/fuzz/convergence.py appends the study and profile kinds when imported.
 EXTRA_FAMILIES: list[tuple[str, Callable[[Families], Case], int]] = []
 
 
 def all_families() -> list[tuple[str, Callable[[Families], Case], int]]:
+    from . import convergence  # noqa: F401 - appends its kinds to EXTRA_FAMILIES
+
     return FAMILIES + EXTRA_FAMILIES

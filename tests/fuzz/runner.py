@@ -22,11 +22,13 @@ Outcomes:
   other_exit       any other exit status
 
 realrun's cases are held to the same contract; its internal-error status is 4 (3 is a rank that
-lost its peers).
+lost its peers). `report` is `python -m simfed.convergence.report` (an argparse program, run
+through a thin click wrapper), held to simfed's contract.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -41,9 +43,12 @@ from .cases import EITHER, INVALID, OUTSIDE, SCENARIOS, VALID, Case
 
 BAD = ("accepted_invalid", "multiline_error", "traceback", "internal_error", "hang", "crash",
        "invalid_json", "stray_file", "replaced", "other_exit")
-INTERNAL = {"simfed": 3, "realrun": 4}  # each program's internal-error exit status
+INTERNAL = {"simfed": 3, "realrun": 4, "report": 3}  # each program's internal-error exit status
 TIME_LIMIT_S = 10
 MEMORY_LIMIT_BYTES = 3 * 2**30
+
+
+SPECIAL_KIND = {"sparse": "file"}  # a special the runner makes -> what _kind_of calls it
 
 
 class Hang(BaseException):
@@ -140,7 +145,7 @@ def _classify(case: Case, code: int | None, output: str, escaped: BaseException 
     if code == INTERNAL[case.prog]:
         return "internal_error", output.strip().splitlines()[-1][:300] if output.strip() else ""
     for rel, kind in case.specials.items():
-        if _kind_of(folder / rel) != kind.split(":")[0]:
+        if _kind_of(folder / rel) != SPECIAL_KIND.get(kind.split(":")[0], kind.split(":")[0]):
             return "replaced", f"{rel} ({kind}) is now {_kind_of(folder / rel)}"
     after = {p for p in folder.rglob("*") if p.is_file()}
     named = [folder / o for o in case.outputs]
@@ -211,11 +216,16 @@ def _make_special(path: Path, kind: str) -> None:
         path.symlink_to(path.name)
     elif kind.startswith("link:"):
         path.symlink_to(kind.split(":", 1)[1])
+    elif kind.startswith("sparse:"):  # a regular file of that many bytes, none on disk
+        with open(path, "wb") as f:
+            f.truncate(int(kind.split(":", 1)[1]))
     else:
         raise ValueError(kind)
 
 
 def _main(prog: str):
+    if prog == "report":
+        return _report_main()
     if prog == "realrun":
         from realrun.cli import main as realrun_main
 
@@ -223,6 +233,23 @@ def _main(prog: str):
     from simfed.cli import main
 
     return main
+
+
+@functools.cache
+def _report_main():
+    """`python -m simfed.convergence.report ARGS` as a click command (its exit status and
+    output as the program's own; an exception that escapes it is a traceback)."""
+    import click
+
+    from simfed.convergence.report import main
+
+    @click.command(context_settings={"ignore_unknown_options": True,
+                                     "help_option_names": []})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def report(args: tuple[str, ...]) -> None:
+        main(list(args))
+
+    return report
 
 
 def run_case(case: Case, time_limit_s: float = TIME_LIMIT_S) -> Result:

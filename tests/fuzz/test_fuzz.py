@@ -31,7 +31,8 @@ def test_ci_cases_end_cleanly():
     assert set(s["by_kind"]) == {"key", "yaml", "encoding", "include", "cli", "label", "cost"}
 
 
-OTHER_KINDS_CI_CASES = 8  # per kind: results, trace, bench, published, converge, outputs
+OTHER_KINDS_CI_CASES = 8  # per kind: results, trace, bench, published, converge, outputs,
+# study, profile
 
 
 def test_ci_cases_of_every_other_input_kind_end_cleanly():
@@ -45,7 +46,8 @@ def test_ci_cases_of_every_other_input_kind_end_cleanly():
     s = summarise(results)
     bad = [f"{r.outcome}: [{r.kind}] {r.what}: {r.detail}" for r in results if r.outcome in BAD]
     assert not bad, "\n".join(bad)
-    assert {"results", "trace", "bench", "published", "converge", "outputs"} <= set(s["by_kind"])
+    assert {"results", "trace", "bench", "published", "converge", "outputs", "study",
+            "profile"} <= set(s["by_kind"])
     assert s["outcomes"].get("refused", 0) > len(cases) / 3  # not vacuous: most are refused,
     assert s["outcomes"].get("ok", 0) > len(cases) / 10  # some run
 
@@ -161,3 +163,52 @@ def _as_limit() -> tuple[int, int]:
     from .runner import address_space
 
     return resource.getrlimit(resource.RLIMIT_AS)[0], address_space()
+
+
+def test_the_convergence_oracle():
+    """The study and profile kinds' oracle (tests/fuzz/convergence.py): the bases keep every
+    rule; a mutation that breaks a stated rule (cross-field ones included) is invalid, one that
+    breaks none is not."""
+    from . import convergence as c
+    from .families import DELETE, UNKNOWN, Raw, apply
+
+    def study(path, value):
+        return c.broken_by(apply(c.study_base(), path, value), c.STUDY_RULES, c.STUDY_CLOSED,
+                           strict_json=True, cross=c.study_cross)
+
+    assert c.broken_by(c.study_base(), c.STUDY_RULES, c.STUDY_CLOSED, strict_json=True,
+                       cross=c.study_cross) is False
+    assert study(("runs", 0, "eval_steps", 0), 8)  # must start at 0
+    assert study(("runs", 0, "eval_steps", 2), 8)  # 0, 8, 8: not increasing
+    assert study(("runs", 0, "eval_steps", 16), 129)  # past the run's 128 steps
+    assert study(("runs", 0, "eval_loss", 3), DELETE)  # one loss per step
+    assert study(("runs", 1, "steps"), "12")  # lax: 12 steps, evaluated up to 128
+    assert study(("runs", 1, "lr"), 100.5) and study(("model", "vocab"), 1.5)
+    assert study(("runs", 0, "noise", 0, "step"), UNKNOWN)  # an unknown key in a run's noise
+    assert study(("recipe", "paper_lr"), Raw("NaN"))  # not strict JSON
+    assert not study(("recipe", "paper_lr"), "x") and not study(("runs", 0, "lr"), True)
+    for form, n in (("scaling", 14), ("constants", 14), ("noise_progress", 7)):
+        model = "noise_progress" if form == "noise_progress" else "scaling"
+        base = c.convergence_base(form)
+
+        def prof(path, value, base=base, model=model, n=n):
+            return c.broken_by(apply(base, path, value), c.convergence_rules(model),
+                               c.CONV_CLOSED, strict_json=False, cross=c.profile_cross(n))
+
+        assert prof(("model",), "x") is True
+        assert prof(("model",), DELETE) is False  # the default, none, reads no profile
+        assert c.broken_by(base, c.convergence_rules(model), c.CONV_CLOSED, strict_json=False,
+                           cross=c.profile_cross(n)) is False
+        assert prof(("profile", "params", "exponent"), 0)  # > 0
+        assert prof(("profile", "params", "loss_floor"), -1)
+        assert prof(("profile", "params", "exponent"), UNKNOWN)  # a misspelt key
+        assert prof(("profile", "covariance", 2, 3), DELETE)  # a row of n - 1
+        assert prof(("profile", "draws", 2), [1, 2])
+        assert not prof(("profile", "draws", 2), DELETE)  # one draw fewer
+        assert prof(("profile", "params", "exponent"), Raw("NaN"))
+    scaling = c.convergence_base("constants")
+    for name, value, bad in (("floor_size_exponent", 3.5, True), ("optimal_lr", 1e-300, True),
+                             ("noise_star_tokens", 1e13, False), ("loss_floor", 0, False)):
+        doc = apply(scaling, ("data_constants", name), value)
+        assert bool(c.broken_by(doc, c.convergence_rules("scaling"), c.CONV_CLOSED,
+                                strict_json=False, cross=c.profile_cross(14))) == bad, name
