@@ -121,11 +121,14 @@ class Study(FrozenModel):
 
 
 def read_study_file(path: str | Path) -> dict[str, Any]:
-    """A study file as plain data, checked (SpecError naming the file and field otherwise)."""
+    """A study file as plain data, checked and typed (SpecError naming the file and field
+    otherwise)."""
     p = Path(path)
     data = read_json(p, "a convergence study")
     if not isinstance(data, dict) or data.get("schema") != STUDY_SCHEMA:
         raise SpecError(f"{p}: not a convergence study file (schema {STUDY_SCHEMA} expected; "
                         "write one with `realrun converge-study`)")
-    Study.parse(data, str(p))
-    return data
+    study = Study.parse(data, str(p))
+    # the values as checked, not as written: pydantic's lax mode accepts "12" or 2.0 for the
+    # integer 12 or 2 (and the files hold steps such as 0.0); readers get the numbers
+    return study.model_dump(by_alias=True, exclude_unset=True)

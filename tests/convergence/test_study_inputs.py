@@ -115,3 +115,22 @@ def test_the_report_refuses_a_damaged_or_missing_study_in_one_line(tmp_path):
         assert res.stdout == ""
     res = report(damaged(tmp_path, lambda d: d.update(runs=d["runs"][:3])))
     assert res.returncode == 0 and "| llama-h48 |" in res.stdout, res.stderr
+
+
+def test_a_study_is_read_as_checked(tmp_path):
+    """Numbers the schema accepts as strings ("52080", lax mode) reach the readers as numbers
+    (the raw strings did: the report crashed dividing a string, exit 3)."""
+    from simfed.spec.study import read_study_file
+
+    def change(d):
+        d["runs"] = d["runs"][:3]
+        d["model"]["non_embedding_params"] = "52080"
+        d["runs"][0]["noise"][1]["eval_loss"] = "5.5"
+
+    path = damaged(tmp_path, change)
+    data = read_study_file(path)
+    assert data["model"]["non_embedding_params"] == 52080
+    assert data["runs"][0]["noise"][1]["eval_loss"] == 5.5
+    assert data["model"] == json.loads(STUDY.read_text())["model"]
+    res = report(path)
+    assert res.returncode == 0 and "| llama-h48 |" in res.stdout, res.stderr
