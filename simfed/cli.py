@@ -106,7 +106,7 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
     if seed is not None:
         overrides["seed"] = seed
     scn = load(scenario, overrides, profile=profile)
-    algorithms = tuple(a for given in algorithms for a in given.split(",") if a)
+    algorithms = tuple(a.strip() for given in algorithms for a in given.split(","))
     res = simulate(scn, list(algorithms) or None, robustness=robustness,
                    trace=bool(trace_dir), trace_steps=trace_steps)
     out = res.to_dict()
