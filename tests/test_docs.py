@@ -166,8 +166,6 @@ def run_doc(doc: Path, work: Path) -> list[str]:
 # docs whose owners are converting them to the convention above: skipped, with why, until their
 # entry is removed (each entry is a doc that does not run yet)
 PENDING = {
-    "convergence.md": "an output block without a language; `realrun converge` and `simfed "
-                      "calibrate --convergence` unmarked (minutes); the report's --holdout run",
     "testing.md": "the fuzzer's 5000 cases unmarked (`[ci adds: --cases 20]`)",
 }
 
