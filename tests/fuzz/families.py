@@ -254,8 +254,9 @@ def study() -> dict[str, Any]:
     data = json.loads((ROOT / "results" / "convergence" / "synthetic-tiny.json").read_text())
     lr = data["recipe"]["paper_lr"]
     runs = [r for r in data["runs"] if math.isclose(r["lr"], lr) and r["seed"] == 0][:12]
-    for r in runs:
-        r["eval_loss"], r["eval_steps"] = r["eval_loss"][-3:], r["eval_steps"][-3:]
+    for r in runs:  # the untrained point and the last two (evaluation steps start at 0)
+        r["eval_loss"] = [r["eval_loss"][0], *r["eval_loss"][-2:]]
+        r["eval_steps"] = [r["eval_steps"][0], *r["eval_steps"][-2:]]
         r["train_loss"], r["noise"] = r["train_loss"][-3:], []
     return {**data, "runs": runs}
 
