@@ -156,13 +156,7 @@ def attach(scn: Scenario, out: dict[str, Any]) -> None:
     x = x.copy()
     x[FLOOR] = floor
     target = target_loss(scn)
-    if target is not None and target <= floor:
-        raise SpecError(f"convergence.target_loss: {target:.4f} nats (perplexity "
-                        f"{math.exp(target):.3g}) is at or below the loss floor {floor:.4f} "
-                        f"(perplexity {math.exp(floor):.3g}): never reached")
-    if target is not None and target >= loss_init:
-        raise SpecError(f"convergence.target_loss: {target:.4f} is not below the untrained "
-                        f"loss {loss_init:.4f}")
+    predict.check_target(target, floor, loss_init)
     rng = np.random.default_rng([scn.seed, 0xC0])
     draws = _draws(prof, x, cov, c.samples, rng)
     draws[:, FLOOR] = np.minimum(draws[:, FLOOR], loss_init - 1e-3)

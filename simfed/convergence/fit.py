@@ -27,6 +27,7 @@ from scipy.optimize import least_squares
 
 from ..spec import SpecError
 from .model import PARAMS, RunShape, loss_curves, loss_curves_many
+from .runs import crossing
 
 STUDY_SCHEMA = "realrun.convergence_study/1"
 PROFILE_SCHEMA = "simfed.convergence_profile/1"
@@ -59,19 +60,6 @@ def is_held_out(run: dict[str, Any]) -> bool:
 def paper_runs(study: dict[str, Any]) -> list[dict[str, Any]]:
     lr = study["recipe"]["paper_lr"]
     return [r for r in study["runs"] if math.isclose(r["lr"], lr)]
-
-
-def crossing(steps: np.ndarray, loss: np.ndarray, target: float) -> float:
-    """Steps (interpolated linearly between points) at which `loss` first reaches `target`;
-    inf if it never does."""
-    below = np.nonzero(loss <= target)[0]
-    if not len(below):
-        return math.inf
-    j = int(below[0])
-    if j == 0:
-        return float(steps[0])
-    s0, s1, l0, l1 = steps[j - 1], steps[j], loss[j - 1], loss[j]
-    return float(s0 + (s1 - s0) * (l0 - target) / (l0 - l1))
 
 
 def _x0(loss_init: float, floor_min: float, best: float) -> tuple[np.ndarray, np.ndarray,

@@ -169,13 +169,7 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
         draws[:, j] = np.maximum(draws[:, j], low)
     shift = rng.normal(0.0, prof.residual_sd, size=(samples, 1))
     floor = x[scaling.IDX["loss_floor"]]
-    if target is not None and target <= floor:
-        raise SpecError(f"convergence.target_loss: {target:.4f} nats (perplexity "
-                        f"{math.exp(target):.3g}) is at or below the data's irreducible loss "
-                        f"{floor:.4f}: never reached")
-    if target is not None and target >= loss_init:
-        raise SpecError(f"convergence.target_loss: {target:.4f} is not below the untrained "
-                        f"loss ln(vocab) = {loss_init:.4f}")
+    check_target(target, floor, loss_init)
     t = scn.training
     n_params = non_embedding_params(scn)
     shapes = []
@@ -231,6 +225,17 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
         "checks": [ck.model_dump() for ck in prof.checks],
         "extrapolation": extrapolation(scn, prof, shapes),
     }
+
+
+def check_target(target: float | None, floor: float, loss_init: float) -> None:
+    """A target loss must lie between the floor and the untrained loss."""
+    if target is not None and target <= floor:
+        raise SpecError(f"convergence.target_loss: {target:.4f} nats (perplexity "
+                        f"{math.exp(target):.3g}) is at or below the loss floor {floor:.4f} "
+                        f"(perplexity {math.exp(floor):.3g}): never reached")
+    if target is not None and target >= loss_init:
+        raise SpecError(f"convergence.target_loss: {target:.4f} is not below the untrained "
+                        f"loss {loss_init:.4f}")
 
 
 def targets_into(a: dict[str, Any], point: np.ndarray, band: np.ndarray, target: float,

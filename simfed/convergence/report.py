@@ -139,39 +139,36 @@ LRS = (3e-4, 1e-3, 3e-3, 1e-2)
 
 def _paired(study: dict[str, Any], a: str, b: str) -> str:
     """Final loss of `a` minus `b`, paired by seed: mean and 90% t-interval."""
+    d = [v[a] - v[b] for v in _finals_by_seed(study).values() if a in v and b in v]
+    return _interval(d, "+.3f")
+
+
+def _finals_by_seed(study: dict[str, Any]) -> dict[int, dict[str, float]]:
     by_seed: dict[int, dict[str, float]] = defaultdict(dict)
     for r in study["runs"]:
         by_seed[r["seed"]][r["key"]] = r["eval_loss"][-1]
-    d = [v[a] - v[b] for v in by_seed.values() if a in v and b in v]
-    if not d:
-        return "-"
-    m = statistics.fmean(d)
-    if len(d) < 2:
-        return f"{m:+.3f} (one seed)"
-    from scipy.stats import t
-
-    half = t.ppf(0.95, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
-    return f"{m:+.3f} [{m - half:+.3f}, {m + half:+.3f}]"
+    return by_seed
 
 
-def _recovered(study: dict[str, Any]) -> str:
-    by_seed: dict[int, dict[str, float]] = defaultdict(dict)
-    for r in study["runs"]:
-        by_seed[r["seed"]][r["key"]] = r["eval_loss"][-1]
-    vals = []
-    for d in by_seed.values():
-        keys = ("fsdp/n32/k0/lr0.003", "fl_fsdp/n32/k8/lr0.003", "fsdp/n1/k0/lr0.003")
-        if all(k in d for k in keys) and abs(d[keys[2]] - d[keys[0]]) > 1e-3:
-            vals.append((d[keys[2]] - d[keys[1]]) / (d[keys[2]] - d[keys[0]]))
+def _interval(vals: list[float], fmt: str) -> str:
+    """Mean and 90% t-interval over seeds."""
     if not vals:
         return "-"
     m = statistics.fmean(vals)
     if len(vals) < 2:
-        return f"{m:.2f} (one seed)"
+        return f"{m:{fmt}} (one seed)"
     from scipy.stats import t
 
     half = t.ppf(0.95, len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
-    return f"{m:.2f} [{m - half:.2f}, {m + half:.2f}]"
+    return f"{m:{fmt}} [{m - half:{fmt}}, {m + half:{fmt}}]"
+
+
+def _recovered(study: dict[str, Any]) -> str:
+    keys = ("fsdp/n32/k0/lr0.003", "fl_fsdp/n32/k8/lr0.003", "fsdp/n1/k0/lr0.003")
+    vals = [(d[keys[2]] - d[keys[1]]) / (d[keys[2]] - d[keys[0]])
+            for d in _finals_by_seed(study).values()
+            if all(k in d for k in keys) and abs(d[keys[2]] - d[keys[0]]) > 1e-3]
+    return _interval(vals, ".2f")
 
 
 def holdout_lines(study: dict[str, Any]) -> list[str]:
@@ -240,12 +237,13 @@ def _report(args: argparse.Namespace) -> None:
         if args.holdout:
             from .calibrate_scaling import fixed_params, floor_min, held_out_checks, study_runs
 
-            for c in held_out_checks(study_runs(sizes), floor_min(sizes),
+            # the point predictions only (no bootstrap band: `simfed calibrate --convergence`
+            # reports the bands)
+            for c in held_out_checks(study_runs(sizes), floor_min(sizes), draws=0,
                                      fixed=fixed_params(sizes)):
                 print(f"held out, {c['what']} (fit {c['fit']}, check {c['check']}): "
                       f"{c['points']} points, median |steps-to-target error| "
-                      + (f"{c['median_abs_error']:.1%}, worst {c['worst_abs_error']:.1%}, "
-                         f"{c['inside_band']:.0%} inside [p10, p90]"
+                      + (f"{c['median_abs_error']:.1%}, worst {c['worst_abs_error']:.1%}"
                          if c["median_abs_error"] is not None else "-"))
 
 
