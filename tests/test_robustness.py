@@ -95,13 +95,23 @@ def test_the_winner_is_first_to_the_target_where_there_is_one(tmp_path):
     assert all(r["winner_by"] == "first to the target loss" for r in rob["rows"])
     for name, (lo, hi) in rob["time_to_target_range"].items():
         given = rob["rows"][0]["algorithms"][name]["time_to_target_s"]
-        assert lo <= given <= hi
+        if given is None:  # never reached as given: the span cannot close
+            assert hi is None
+        elif hi is None:  # reached as given, never under some perturbation
+            assert lo <= given
+        else:
+            assert lo <= given <= hi
+    # the shipped scenario has one algorithm that never reaches the target in its steps
+    assert any(span[1] is None for span in rob["time_to_target_range"].values())
     text = "\n".join(lines(rob))
     assert "to the target loss" in text
-    # HSDP's convergence band [p10, p90] reaches past FL+FSDP's time: the verdict says so
+    # another algorithm's convergence band [p10, p90] starting inside the winner's (whose p90
+    # may be 'never': unbounded) is named in the verdict, and only then
     bands = {n: a["time_to_target_interval_s"] for n, a in rob["rows"][0]["algorithms"].items()}
     w = rob["winner_as_given"]
-    overlapping = [n for n, b in bands.items() if n != w and b and b[0] <= bands[w][1]]
+    w_hi = float("inf") if bands[w][1] is None else bands[w][1]
+    overlapping = [n for n, b in bands.items()
+                   if n != w and b and b[0] is not None and b[0] <= w_hi]
     assert bool(overlapping) == ("overlaps" in text)
 
 
