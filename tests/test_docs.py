@@ -165,9 +165,7 @@ def run_doc(doc: Path, work: Path) -> list[str]:
 
 # docs whose owners are converting them to the convention above: skipped, with why, until their
 # entry is removed (each entry is a doc that does not run yet)
-PENDING = {
-    "testing.md": "the fuzzer's 5000 cases unmarked (`[ci adds: --cases 20]`)",
-}
+PENDING: dict[str, str] = {}  # doc name -> why its commands do not follow the convention yet
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
