@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from .spec import SpecError
+from .spec.cli_types import NonEmptyPath
 from .spec.messages import internal_error_line, one_line
 from .spec.overrides import parse_sets
 from .spec.paths import check_output, write_text_atomic
@@ -75,9 +76,9 @@ _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 
 
 @main.command()
-@click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results JSON.")
-@click.option("--trace", "trace_dir", type=click.Path(file_okay=False),
+@click.argument("scenario", type=NonEmptyPath(dir_okay=False))
+@click.option("--json", "json_path", type=NonEmptyPath(dir_okay=False), help="Write results JSON.")
+@click.option("--trace", "trace_dir", type=NonEmptyPath(file_okay=False),
               help="Write per-algorithm JSONL traces and Chrome/Perfetto traces here.")
 @click.option("--trace-steps", type=click.IntRange(min=1), default=None,
               help="Trace only the first N steps.")
@@ -85,7 +86,7 @@ _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Simulate only these algorithms (names or labels; repeat the option or give "
                    "a comma list, as realrun takes them).")
 @click.option("--seed", type=int, default=None, help="Override the scenario seed.")
-@click.option("--profile", type=click.Path(dir_okay=False),
+@click.option("--profile", type=NonEmptyPath(dir_okay=False),
               help="A calibrated profile (simfed calibrate) merged over the scenario.")
 @click.option("--quiet", "-q", is_flag=True, help="No table on stdout.")
 @click.option("--robustness", is_flag=True,
@@ -141,7 +142,7 @@ def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps
 
 @main.command()
 @click.option("--scenario", default="scenarios/512gpu.yaml", show_default=True,
-              type=click.Path(dir_okay=False))
+              type=NonEmptyPath(dir_okay=False))
 @click.option("--quick", is_flag=True, help="Only the 512-GPU cases.")
 @click.option("--repeat", default=1, show_default=True, help="Best of N runs per case.")
 def bench(scenario: str, quick: bool, repeat: int) -> None:
@@ -187,8 +188,8 @@ def schema(as_json: bool, resolved: bool) -> None:
 
 
 @main.command()
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--scenario", "scenario", default=None, type=click.Path(dir_okay=False),
+@click.argument("inputs", nargs=-1, required=True, type=NonEmptyPath(path_type=Path))
+@click.option("--scenario", "scenario", default=None, type=NonEmptyPath(dir_okay=False),
               help="The scenario whose cluster was measured (geometry, nominal figures); "
                    "not needed with --convergence.")
 @click.option("--convergence", is_flag=True,
@@ -199,9 +200,9 @@ def schema(as_json: bool, resolved: bool) -> None:
 @click.option("--draws", type=click.IntRange(min=0, max=1000), default=40, show_default=True,
               help="--convergence: bootstrap refits kept in the profile for its uncertainty "
                    "band (0: the fit's covariance instead).")
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--out", "out", required=True, type=NonEmptyPath(dir_okay=False, path_type=Path),
               help="Profile to write (YAML); a scenario uses it via `--profile`.")
-@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--report", type=NonEmptyPath(dir_okay=False, path_type=Path),
               help="Fit report (JSON: parameters, 95% intervals, residuals); default OUT.json.")
 def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool, draws: int,
               out: Path, report: Path | None) -> None:
@@ -262,23 +263,23 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
 
 
 @main.command()
-@click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("scenario", required=False, type=NonEmptyPath(dir_okay=False, path_type=Path))
 @click.option("--published", "published", is_flag=False, flag_value="validation/published",
-              default=None, type=click.Path(file_okay=False, path_type=Path),
+              default=None, type=NonEmptyPath(file_okay=False, path_type=Path),
               help="Instead: predict the published measurements in this folder (default "
                    "validation/published) and print predicted vs published tokens/s/GPU.")
 @click.option("--only", "only_set", type=click.Choice(["fit", "check"]), default=None,
               help="--published: only the fit or the check set.")
 @click.option("--out", "out", default="runs/validate", show_default=True,
-              type=click.Path(file_okay=False, path_type=Path),
+              type=NonEmptyPath(file_okay=False, path_type=Path),
               help="Folder for benchmarks, the profile, runs and logs.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "json_path", type=NonEmptyPath(dir_okay=False, path_type=Path))
 @click.option("--fresh", is_flag=True, help="Re-run benchmarks and runs found in --out.")
 @click.option("--measured-only", is_flag=True,
               help="Do not run anything: read measurements already in --out.")
 @click.option("--draws", type=click.IntRange(min=0, max=1000), default=40, show_default=True,
               help="Draws of the fitted parameters per shape for the [p10, p90] intervals.")
-@click.option("--show", "show", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--show", "show", type=NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="Instead: print a validation saved with --json (results/validate*.json) as "
                    "validate prints it; runs nothing.")
 def validate(scenario: Path | None, published: Path | None, only_set: str | None, out: Path,
@@ -396,7 +397,7 @@ def _print_validation(res: dict, console: Any) -> None:
 
 
 @main.command()
-@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.argument("scenario", type=NonEmptyPath(dir_okay=False))
 @click.option("--op", type=click.Choice(["all_reduce", "all_gather", "reduce_scatter"]),
               default="all_reduce", show_default=True)
 @click.option("--nodes", type=click.IntRange(min=1), default=None,
@@ -405,7 +406,7 @@ def _print_validation(res: dict, console: Any) -> None:
               help="GPUs per node taking part.")
 @click.option("--min-bytes", default="1M", show_default=True, help="Smallest size (K/M/G).")
 @click.option("--max-bytes", default="8G", show_default=True, help="Largest size (K/M/G).")
-@click.option("--profile", type=click.Path(dir_okay=False), help="A profile merged over it.")
+@click.option("--profile", type=NonEmptyPath(dir_okay=False), help="A profile merged over it.")
 @_SET
 def collective(scenario: str, op: str, nodes: int | None, gpus_per_node: int | None,
                min_bytes: str, max_bytes: str, profile: str | None,

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from .spec import SpecError
+from .spec.cli_types import NonEmptyPath
 from .spec.paths import write_text_atomic
 from .sweep import Axis, SweepSpec, parse_values, run_sweep, to_csv
 
@@ -343,11 +344,11 @@ def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, di
 
 @click.command("figures")
 @click.option("--scenario", default="scenarios/512gpu.yaml", show_default=True,
-              type=click.Path(dir_okay=False), help="The scenario the figures are about.")
+              type=NonEmptyPath(dir_okay=False), help="The scenario the figures are about.")
 @click.option("--out", "out_dir", default="figures", show_default=True,
-              type=click.Path(file_okay=False))
+              type=NonEmptyPath(file_okay=False))
 @click.option("--results", "results_dir", default="results", show_default=True,
-              type=click.Path(file_okay=False),
+              type=NonEmptyPath(file_okay=False),
               help="Where validate.json and realrun/*/summary.json are looked for.")
 @click.option("--jobs", "-j", type=int, default=None, help="Sweep worker processes.")
 @click.option("--dpi", type=int, default=100, show_default=True)

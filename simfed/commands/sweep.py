@@ -9,6 +9,7 @@ import click
 
 from ..api import sweep
 from ..spec import SpecError
+from ..spec.cli_types import NonEmptyPath
 from ..spec.overrides import parse_sets
 from ..spec.paths import check_output
 from ..sweep.executors import EXECUTORS
@@ -71,7 +72,7 @@ def print_summary(result: SweepResult, max_rows: int = 40) -> None:
 
 
 @click.command("sweep")
-@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.argument("scenario", type=NonEmptyPath(dir_okay=False))
 @click.option("--vary", "varies", multiple=True, metavar="KEY=VALUES",
               help="A grid axis: KEY=V1,V2,... or KEY=START:STOP[:STEP] or KEY=START:STOP:xF; "
                    "KEY1+KEY2=... varies keys together. Repeat for more axes.")
@@ -79,10 +80,10 @@ def print_summary(result: SweepResult, max_rows: int = 40) -> None:
               help="A fixed override at every point, e.g. --set training.steps=16")
 @click.option("--algorithm", "-a", "algorithms", multiple=True,
               help="Only these algorithms (names or labels); the first is the speedup baseline.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+@click.option("--out", "out_dir", type=NonEmptyPath(file_okay=False),
               help="Write OUT/<name>.csv and OUT/<name>.json [default: results/sweeps].")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write the CSV here.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the JSON here.")
+@click.option("--csv", "csv_path", type=NonEmptyPath(dir_okay=False), help="Write the CSV here.")
+@click.option("--json", "json_path", type=NonEmptyPath(dir_okay=False), help="Write the JSON here.")
 @click.option("--name", default=None, help="Name of the sweep (file names, titles).")
 @click.option("--jobs", "-j", type=int, default=None,
               help="Worker processes [default: the CPUs of this machine].")

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ..spec import SpecError
+from ..spec.cli_types import NonEmptyPath
 
 KINDS = ("scaling", "heatmap", "phases", "gantt", "validation", "perplexity")
 _YAML = (".yaml", ".yml")
@@ -116,7 +117,7 @@ def make_figure(kind: str, inputs: tuple[str, ...], *, x: str | None = None,
 @click.command("plot")
 @click.argument("kind", type=click.Choice(KINDS))
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--out", "-o", type=click.Path(dir_okay=False),
+@click.option("--out", "-o", type=NonEmptyPath(dir_okay=False),
               help="Output file: x.png or x.svg writes that format, no suffix writes both "
                    "[default: <input>_<kind> in the current folder].")
 @click.option("--x", "x", default=None, help="scaling: x axis (default gpus); heatmap: x key.")
@@ -156,7 +157,8 @@ def plot_command(kind: str, inputs: tuple[str, ...], out: str | None, x: str | N
     for p in inputs:
         if not Path(p).exists():
             raise SpecError(f"file not found: {p}")
-    target = out or f"{Path(inputs[0]).with_suffix('').name}_{kind}"
+    # an empty --out is refused by check_output, not taken as 'not given'
+    target = out if out is not None else f"{Path(inputs[0]).with_suffix('').name}_{kind}"
     check_output(target, "--out")  # before the figure is drawn (a simulation, maybe)
     try:
         fig = make_figure(kind, inputs, x=x, y=y, algorithm=algorithm, value=value,

@@ -377,16 +377,23 @@ SUMMARY_RULES = {  # realrun summary.json as the perplexity figure reads it (NaN
     "train_loss": Rule("list", required=False, nullable=True),
     "train_perplexity": Rule("list", required=False, nullable=True),
 }
-STUDY_RULES = {
-    "recipe": Rule("dict"), "recipe.paper_lr": Rule("num", 0, 1e30, lo_open=True),
-    "ranks_per_group": Rule("int", 1, 2**20), "micro_batch": Rule("int", 1, 2**20),
-    "runs": Rule("list"), "runs[*]": Rule("dict"), "runs[*].algorithm": Rule("str"),
-    "runs[*].lr": Rule("num", 0, 1e30, lo_open=True), "runs[*].groups": Rule("int", 1, 2**53),
-    "runs[*].batch_per_model": Rule("int", 1, 2**53),
-    "runs[*].aggregate_every": Rule("int", 1, 2**53, **OPT), "runs[*].seed": Rule("int"),
-    "runs[*].eval_loss": Rule("list", lo=1), "runs[*].eval_loss[*]": Rule("num", 0, 1e30),
-}
 LENIENT = {"strict": False}
+# the figures read a study through its schema (simfed/spec/study.py, pydantic's lax mode: "12"
+# and true are numbers, 2.0 a count, as realrun writes its noise steps) and then for the
+# FL-grid figure's fields; the study kind (tests/fuzz/convergence.py) walks every key
+STUDY_RULES = {
+    "recipe": Rule("dict"), "recipe.paper_lr": Rule("num", 0, 1e30, lo_open=True, **LENIENT),
+    "ranks_per_group": Rule("int", 1, 2**20, **LENIENT),
+    "micro_batch": Rule("int", 1, 2**20, **LENIENT),
+    "runs": Rule("list"), "runs[*]": Rule("dict"), "runs[*].algorithm": Rule("str"),
+    "runs[*].lr": Rule("num", 0, 1e30, lo_open=True, **LENIENT),
+    "runs[*].groups": Rule("int", 1, 2**53, **LENIENT),
+    "runs[*].batch_per_model": Rule("int", 1, 2**53, **LENIENT),
+    "runs[*].aggregate_every": Rule("int", 1, 2**53, **OPT, **LENIENT),
+    "runs[*].seed": Rule("int", **LENIENT),
+    "runs[*].eval_loss": Rule("list", lo=1),
+    "runs[*].eval_loss[*]": Rule("num", 0, 1e30, **LENIENT),
+}
 CHROME_RULES = {  # profiler.check_times and the NCCL kernel checks (samples.read_chrome)
     "traceEvents": Rule("list"),
     "traceEvents[*].ts": Rule("num", -1e17, 1e17, required=False, **LENIENT),

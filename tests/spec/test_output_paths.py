@@ -234,6 +234,17 @@ def test_no_command_replaces_a_device_fifo_or_link(tmp_path, command, kind):
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("command", sorted(c for c in COMMANDS if c != "run --trace"))
+def test_an_empty_output_path_is_refused_by_every_command(tmp_path, monkeypatch, command):
+    # plot took --out '' as 'not given' and wrote its default name in the current folder
+    monkeypatch.chdir(tmp_path)
+    argv = [a.replace("{out}", "").replace("{dir}", str(tmp_path)) for a in COMMANDS[command]]
+    res = _invoke(main, argv)
+    assert res.exit_code == 2 and "an empty path" in res.output, res.output
+    assert not [p for p in tmp_path.iterdir() if p.suffix in (".png", ".svg", ".json", ".csv",
+                                                              ".yaml")]
+
+
 @ROOT_ONLY
 def test_figures_and_realrun_converge_write_a_device_in_place(tmp_path):
     from realrun.cli import main as realrun
