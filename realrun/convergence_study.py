@@ -282,7 +282,7 @@ def resumed(path: Path, exp: Experiment, quick: bool) -> dict[str, Any]:
     (quick or not), its runs this experiment's points."""
     from simfed.spec.study import read_study_file
 
-    data = read_study_file(path)
+    data = read_study_file(path, defaults=False)  # written back as it was
     if data["experiment"] != exp.name or bool(data.get("quick")) != quick:
         raise RealrunError(f"{path}: holds experiment {data['experiment']!r}"
                            f"{' (--quick)' if data.get('quick') else ''}; resuming "

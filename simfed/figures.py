@@ -335,7 +335,7 @@ def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, di
     if sizes:  # the size study: its files side by side
         m.save(plot_size_study(sizes), "convergence_size_study")
     for study, data in studies:
-        if "non_embedding_params" in data.get("model", {}):
+        if (data.get("model") or {}).get("non_embedding_params") is not None:
             continue
         sweep = {r["batch_per_model"] for r in data.get("runs", []) if r["algorithm"] == "fsdp"}
         if len(sweep) >= 2:  # a study with a batch sweep and an FL grid to set beside it

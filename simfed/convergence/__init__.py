@@ -149,8 +149,8 @@ def attach(scn: Scenario, out: dict[str, Any]) -> None:
         raise SpecError(f"convergence.model: {c.model!r}; expected none, scaling or "
                         f"{', '.join(MODELS)}")
     curves_of = MODELS[c.model]
-    prof = c.profile or {}
-    parse(prof, c.model)
+    # the values as checked (pydantic's lax mode reads "12" as 12), only the keys given
+    prof = parse(c.profile or {}, c.model).model_dump(by_alias=True, exclude_unset=True)
     x, cov = _profile_vector(prof)
     loss_init, floor = _loss_scale(scn, prof, x)
     x = x.copy()

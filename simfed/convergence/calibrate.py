@@ -26,7 +26,7 @@ def calibrate_convergence(inputs: Iterable[Path], out: Path, report: Path,
     parameters), else the noise_progress model from one study file."""
     inputs = list(inputs)
     studies = [read_study(p) for p in inputs]
-    if any("non_embedding_params" in s["model"] for s in studies):
+    if any(s["model"].get("non_embedding_params") is not None for s in studies):
         from .calibrate_scaling import calibrate_scaling
 
         return calibrate_scaling(studies, out, report, draws=draws)

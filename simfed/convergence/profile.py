@@ -35,6 +35,15 @@ Matrix = list[list[Num]]
 Pair = Annotated[list[Num], Field(min_length=2, max_length=2)]
 
 
+def _ordered_positive(v: list[float]) -> list[float]:
+    if v[0] <= 0 or v[1] < v[0]:
+        raise ValueError(f"a range [low, high] with 0 < low <= high, got {v}")
+    return v
+
+
+Range = Annotated[Pair, AfterValidator(_ordered_positive)]  # a fitted range of a quantity
+
+
 class NoiseProgressParams(FrozenModel):
     log_progress_scale: Num = Field(ge=-20, le=20)
     exponent: Num = Field(gt=0, le=10)
@@ -53,10 +62,10 @@ class FittedRangeV1(FrozenModel):
     seq_len: int | None = Field(None, ge=1)
     lr: Num | None = Field(None, gt=0)
     optimizer: str | None = None
-    batch_tokens: Pair | None = None
-    groups: Pair | None = None
-    aggregate_every: Pair | None = None
-    steps: Pair | None = None
+    batch_tokens: Range | None = None
+    groups: Range | None = None
+    aggregate_every: Range | None = None
+    steps: Range | None = None
 
 
 class ProfileV1(FrozenModel):
@@ -92,14 +101,14 @@ class ScalingParams(FrozenModel):
 class FittedRangeV2(FrozenModel):
     data: str
     vocab: int = Field(ge=2)
-    seq_len: Pair
-    non_embedding_params: Pair
-    lr: Pair
-    batch_tokens: Pair
-    groups: Pair
-    aggregate_every: Pair
-    steps: Pair
-    loss: Pair
+    seq_len: Range
+    non_embedding_params: Range
+    lr: Range
+    batch_tokens: Range
+    groups: Range
+    aggregate_every: Range
+    steps: Range
+    loss: Range
     optimizer: str = "adamw"
     outer: list[str] = Field(default_factory=lambda: ["average"])
 

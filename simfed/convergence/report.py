@@ -224,13 +224,13 @@ def _report(args: argparse.Namespace) -> None:
     sizes = []
     for path in args.studies:
         study = read_study(path)
-        if "non_embedding_params" in study["model"]:
+        if study["model"].get("non_embedding_params") is not None:
             sizes.append(study)  # the size study: reported across its files below
         print("\n".join(grid_table(study)), end="\n\n")
         for extra in (claim_table(study), noise_table(study)):
             if extra:
                 print("\n".join(extra), end="\n\n")
-        if args.holdout and "non_embedding_params" not in study["model"]:
+        if args.holdout and study["model"].get("non_embedding_params") is None:
             print("\n".join(holdout_lines(study)), end="\n\n")
     if sizes:
         print("\n".join(size_study(sizes)), end="\n\n")

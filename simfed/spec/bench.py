@@ -20,6 +20,8 @@ from .limits import MAX_TIME_S, MAX_WORLD
 from .models import one_line
 from .schema import SpecError
 
+MIN_LINK_GBPS, MAX_LINK_GBPS = 1e-3, 1e5  # 1 Mb/s (a shaped testbed link) to 100 Tb/s
+
 Number = int | float  # as the trace attributes hold it (kept as written: 1000000 stays an int)
 
 
@@ -296,9 +298,10 @@ def _check_meta(meta: dict[str, Any], where: str) -> int:
     whole("host_cores", 0, 1024)
     rate = meta.get("link_rate_Gbps")
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
-                             or not math.isfinite(rate) or rate < 0):
-        raise SpecError(f"{where}: meta.link_rate_Gbps: expected a finite rate of 0 or more "
-                        f"(0 or null: the scenario's), got {rate!r}")
+                             or not math.isfinite(rate)
+                             or not (rate == 0 or MIN_LINK_GBPS <= rate <= MAX_LINK_GBPS)):
+        raise SpecError(f"{where}: meta.link_rate_Gbps: expected 0 or null (the scenario's) or "
+                        f"a rate from {MIN_LINK_GBPS:g} to {MAX_LINK_GBPS:,g} Gb/s, got {rate!r}")
     if nodes is not None and per_node is not None:
         if nodes * per_node > MAX_WORLD:
             raise SpecError(f"{where}: meta: {nodes} nodes x {per_node} ranks is more than "

@@ -112,6 +112,18 @@ class Study(FrozenModel):
 
     @model_validator(mode="after")
     def _unique(self) -> Study:
+        m, d = self.model, self.data
+        if m.non_embedding_params is not None and m.non_embedding_params > m.params:
+            raise ValueError(f"model.non_embedding_params {m.non_embedding_params} exceeds "
+                             f"model.params {m.params}")
+        untrained = math.log(m.vocab)  # the loss of uniform guessing over the vocabulary
+        if d.unigram_loss_nats is not None and d.unigram_loss_nats >= untrained:
+            raise ValueError(f"data.unigram_loss_nats {d.unigram_loss_nats:g} must be below the "
+                             f"untrained loss ln(model.vocab) = {untrained:.4g}")
+        if (d.entropy_floor_nats is not None and d.unigram_loss_nats is not None
+                and d.entropy_floor_nats > d.unigram_loss_nats):
+            raise ValueError(f"data.entropy_floor_nats {d.entropy_floor_nats:g} is above "
+                             f"data.unigram_loss_nats {d.unigram_loss_nats:g}")
         seen: set[tuple[str, int]] = set()
         for r in self.runs:
             if (r.key, r.seed) in seen:
@@ -120,9 +132,10 @@ class Study(FrozenModel):
         return self
 
 
-def read_study_file(path: str | Path) -> dict[str, Any]:
+def read_study_file(path: str | Path, *, defaults: bool = True) -> dict[str, Any]:
     """A study file as plain data, checked and typed (SpecError naming the file and field
-    otherwise)."""
+    otherwise), every key present with its default (`defaults=False`: only the keys the file
+    has, as a study being resumed is written back)."""
     p = Path(path)
     data = read_json(p, "a convergence study")
     if not isinstance(data, dict) or data.get("schema") != STUDY_SCHEMA:
@@ -131,4 +144,4 @@ def read_study_file(path: str | Path) -> dict[str, Any]:
     study = Study.parse(data, str(p))
     # the values as checked, not as written: pydantic's lax mode accepts "12" or 2.0 for the
     # integer 12 or 2 (and the files hold steps such as 0.0); readers get the numbers
-    return study.model_dump(by_alias=True, exclude_unset=True)
+    return study.model_dump(by_alias=True, exclude_unset=not defaults)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .jsonio import parse_json
+from .limits import MAX_WORLD as MAX_TRACE_WORLD
 from .schema import SpecError
 from .yamlio import MAX_DATA_BYTES, read_text
 
@@ -159,9 +160,10 @@ def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
     if not lines or not lines[0].strip():
         raise SpecError(f"{path}: empty trace file (no header line)")
     try:
-        head = json.loads(lines[0])
-    except (json.JSONDecodeError, RecursionError):
-        raise SpecError(f"{path}:1: the header is not JSON") from None
+        head = parse_json(lines[0], f"{path}:1", allow_nan=True)  # nested <= 64 deep
+    except SpecError as exc:
+        raise SpecError(f"{path}:1: the header is not JSON within the reader's limits "
+                        f"({str(exc).removeprefix(f'{path}:1: ')})") from None
     if not isinstance(head, dict):
         raise SpecError(f"{path}:1: the header is not a JSON object")
     if head.get("schema") != TRACE_SCHEMA:
@@ -176,6 +178,13 @@ def iter_trace(path: str | Path) -> Iterator[dict[str, Any] | Span]:
     meta = {} if meta is None else meta
     if not isinstance(meta, dict):
         raise SpecError(f"{path}:1: meta is {str(meta)[:60]!r}, not a JSON object")
+    for key in ("world_size", "rank"):  # the counts a reader sizes its ranks by
+        v = meta.get(key)
+        low = 1 if key == "world_size" else 0
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                              or not low <= v <= MAX_TRACE_WORLD):
+            raise SpecError(f"{path}:1: meta.{key}: expected a whole number from {low} to "
+                            f"{MAX_TRACE_WORLD:,} (or null), got {repr(v)[:60]}")
     yield dict(meta)
     body = [ln for ln in lines[1:]]
     last = max((i for i, ln in enumerate(body) if ln.strip()), default=-1)

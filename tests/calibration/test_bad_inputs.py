@@ -58,6 +58,9 @@ def _meta(key, value):
     (_meta("nodes", -1), ["meta.nodes", "-1"]),
     (_meta("nodes", True), ["meta.nodes"]),
     (_meta("link_rate_Gbps", -0.5), ["meta.link_rate_Gbps", "-0.5"]),
+    # before: 1e-300 overflowed the fit (exit 3); 1e308 was fitted and written (exit 0)
+    (_meta("link_rate_Gbps", 1e-300), ["meta.link_rate_Gbps", "1e-300"]),
+    (_meta("link_rate_Gbps", 1e308), ["meta.link_rate_Gbps", "1e+308"]),
     # before: the fit overflowed, every unknown was set aside and covariance() of nothing
     # raised ValueError (exit 3)
     (_set("comm", 2, "nbytes", 10**30), ["comm[2].nbytes", "1000000000000000000000000000000"]),
@@ -125,9 +128,20 @@ def test_a_damaged_trace_is_one_line_naming_the_span(tmp_path, change, needles):
     _refused(_calibrate(tmp_path, _trace(tmp_path, **change)), "trace_rank0.jsonl", *needles)
 
 
-def test_a_trace_with_a_bad_world_size_is_refused(tmp_path):
-    head = {**HEAD, "meta": {"world_size": "four"}}
-    _refused(_calibrate(tmp_path, _trace(tmp_path, head=head)), "meta.world_size", "'four'")
+@pytest.mark.parametrize("meta, needles", [
+    ({"world_size": "four"}, ["meta.world_size", "'four'"]),
+    # before: these three were fitted and written (exit 0)
+    ({"world_size": 0}, ["meta.world_size", "got 0"]),
+    ({"rank": -1}, ["meta.rank", "got -1"]),
+    ({"backend": "[" * 100 + "]" * 100}, ["header is not JSON", "deeper than 64"]),
+])
+def test_a_trace_with_a_bad_header_is_refused(tmp_path, meta, needles):
+    head = {**HEAD, "meta": meta}
+    path = _trace(tmp_path, head=head)
+    if "backend" in meta:  # a value nested 100 deep, written as it is
+        text = path.read_text().replace(json.dumps(meta["backend"]), meta["backend"], 1)
+        path.write_text(text)
+    _refused(_calibrate(tmp_path, path), *needles)
 
 
 @pytest.mark.parametrize("name, body", [

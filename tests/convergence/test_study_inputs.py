@@ -50,6 +50,11 @@ def _set(path, value):
     (_set(["runs", 0, "eval_steps", 0], 4), r"eval_steps must start at 0"),
     (_set(["model", "vocab"], "abc"), r"model\.vocab: input should be a valid integer"),
     (_set(["bogus"], 1), r"bogus: unknown key"),
+    # before: a unigram loss of "12" (lax: 12 nats, above ln 256) ran the fit past 10 s
+    (_set(["data", "unigram_loss_nats"], "12"), r"data\.unigram_loss_nats 12 must be below "
+                                                r"the untrained loss ln\(model\.vocab\) = 5\.545"),
+    (_set(["data", "entropy_floor_nats"], 3.5), r"entropy_floor_nats 3\.5 is above"),
+    (_set(["model", "non_embedding_params"], 10**9), r"non_embedding_params 1000000000 exceeds"),
 ])
 def test_a_damaged_study_is_one_line(tmp_path, change, message):
     path = damaged(tmp_path, change)
@@ -134,3 +139,33 @@ def test_a_study_is_read_as_checked(tmp_path):
     assert data["model"] == json.loads(STUDY.read_text())["model"]
     res = report(path)
     assert res.returncode == 0 and "| llama-h48 |" in res.stdout, res.stderr
+
+
+_NO_SIZE = _set(["model", "non_embedding_params"], None)
+
+
+@pytest.mark.parametrize("change", [
+    _set(["what"], KeyError), _set(["data", "describe"], KeyError), _NO_SIZE])
+def test_the_report_reads_optional_keys_as_their_defaults(tmp_path, change):
+    """A key the schema makes optional reaches the report as its default (a deleted `what` or
+    `data.describe` was a KeyError, a null `non_embedding_params` a TypeError: exit 3)."""
+    from simfed.spec.study import read_study_file
+
+    def both(d):
+        d["runs"] = d["runs"][:3]
+        change(d)
+
+    path = damaged(tmp_path, both)
+    res = report(path)
+    assert res.returncode == 0 and "### kjv-h48" in res.stdout, res.stderr
+    # without its non-embedding size the file is no size study: no size table
+    assert ("| llama-h48 |" in res.stdout) == (change is not _NO_SIZE), res.stdout[-300:]
+    data = read_study_file(path)
+    assert data["what"] is not None and data["data"]["describe"] is not None
+    run = json.loads(STUDY.read_text())["runs"][0]
+    del run["aggregate_every"]  # optional: FSDP runs have none (calibrate read it as a KeyError)
+    (tmp_path / "r.json").write_text(json.dumps({**json.loads(STUDY.read_text()),
+                                                  "runs": [run]}))
+    assert read_study_file(tmp_path / "r.json")["runs"][0]["aggregate_every"] is None
+    assert "aggregate_every" not in read_study_file(tmp_path / "r.json",
+                                                    defaults=False)["runs"][0]

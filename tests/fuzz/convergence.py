@@ -126,12 +126,44 @@ def lax_int(v: Any) -> int | None:
     return None
 
 
+def lax_float(v: Any) -> float | None:
+    """`v` as pydantic's lax mode reads a finite number (None: it would refuse it)."""
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, str):
+        try:
+            f = float(v.strip())
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _header_cross(doc: dict[str, Any]) -> bool:
+    """Non-embedding parameters within the parameters; the unigram loss below the untrained
+    ln(vocab), the entropy floor not above it."""
+    model, data = doc.get("model"), doc.get("data")
+    if not isinstance(model, dict) or not isinstance(data, dict):
+        return False
+    ne, p, vocab = (lax_int(model.get(k)) for k in ("non_embedding_params", "params", "vocab"))
+    if ne is not None and p is not None and ne > p:
+        return True
+    uni, floor = (lax_float(data.get(k)) for k in ("unigram_loss_nats", "entropy_floor_nats"))
+    if uni is not None and vocab is not None and vocab >= 2 and uni >= math.log(vocab):
+        return True
+    return uni is not None and floor is not None and floor > uni
+
+
 def study_cross(doc: Any) -> bool:
     """A run's evaluation steps start at 0 and increase within its steps, one loss per step;
     warm-up within the steps; no run (key, seed) twice (simfed/spec/study.py)."""
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list):
         return False
+    if _header_cross(doc):
+        return True
     seen = set()
     for r in runs:
         if not isinstance(r, dict):
@@ -212,9 +244,9 @@ SCALING_PROFILE: dict[str, Rule] = {
     **{f"fitted_range.{k}": PAIR for k in ("seq_len", "non_embedding_params", "lr",
                                            "batch_tokens", "groups", "aggregate_every",
                                            "steps", "loss")},
-    **{f"fitted_range.{k}[*]": num() for k in ("seq_len", "non_embedding_params", "lr",
-                                                "batch_tokens", "groups", "aggregate_every",
-                                                "steps", "loss")},
+    **{f"fitted_range.{k}[*]": num(0, lo_open=True) for k in (
+        "seq_len", "non_embedding_params", "lr", "batch_tokens", "groups", "aggregate_every",
+        "steps", "loss")},
     "fitted_range.optimizer": Rule("str", required=False),
     "fitted_range.outer": Rule("list", required=False), "fitted_range.outer[*]": Rule("str"),
     **CHECK,
@@ -235,8 +267,8 @@ NOISE_PROFILE: dict[str, Rule] = {
     "fitted_range.optimizer": Rule("str", **OPT),
     **{f"fitted_range.{k}": Rule("list", 2, 2, **OPT) for k in ("batch_tokens", "groups",
                                                                 "aggregate_every", "steps")},
-    **{f"fitted_range.{k}[*]": num() for k in ("batch_tokens", "groups", "aggregate_every",
-                                                "steps")},
+    **{f"fitted_range.{k}[*]": num(0, lo_open=True) for k in ("batch_tokens", "groups",
+                                                               "aggregate_every", "steps")},
 }
 
 
@@ -261,7 +293,7 @@ CONV_CLOSED = ("", "profile", "profile.params", "profile.fitted_range", "profile
 
 def profile_cross(n: int) -> Callable[[Any], bool]:
     """A covariance is n x n (or empty: none), every draw has n values, on_bound names
-    parameters."""
+    parameters, a fitted range's low is not above its high."""
 
     def broken(doc: Any) -> bool:
         prof = doc.get("profile") if isinstance(doc, dict) else None
@@ -272,7 +304,15 @@ def profile_cross(n: int) -> Callable[[Any], bool]:
             if isinstance(m, list) and any(isinstance(r, list) and len(r) != n for r in m):
                 return True
         cov = prof.get("covariance")
-        return isinstance(cov, list) and bool(cov) and len(cov) != n
+        if isinstance(cov, list) and bool(cov) and len(cov) != n:
+            return True
+        rng = prof.get("fitted_range")  # a fitted range [low, high] has low <= high
+        for pair in (rng.values() if isinstance(rng, dict) else ()):
+            if isinstance(pair, list) and len(pair) == 2:
+                lo, hi = (lax_float(v) for v in pair)
+                if lo is not None and hi is not None and lo > hi:
+                    return True
+        return False
 
     return broken
 
