@@ -331,7 +331,8 @@ def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, di
         m.save(plot_time_to_target(out), f"{scenario.stem}_perplexity_vs_time_to_target")
     else:
         echo(f"note: {ttt} not found: skipping the time-to-target figure")
-    sizes = [data for _, data in studies if "non_embedding_params" in data.get("model", {})]
+    sizes = [data for _, data in studies
+             if (data.get("model") or {}).get("non_embedding_params") is not None]
     if sizes:  # the size study: its files side by side
         m.save(plot_size_study(sizes), "convergence_size_study")
     for study, data in studies:
