@@ -73,12 +73,13 @@ class SweepRow(_Open):
     Rows of invalid points carry no results (null)."""
 
     point: Count
-    params: dict[str, Any]
+    params: dict[str, str | int | float | bool | None]  # the swept keys' values (scalars)
     status: Literal["ok", "invalid", "does_not_fit", "error"] = "ok"
     name: str | None = None
     label: str | None = None
     baseline: str | None = None
     cluster: ClusterInfo | None = None
+    model: ModelInfo | None = None
     step_time_s: PositiveSeconds | None = None
     tokens_per_s: NonNegative | None = None
     tokens_per_s_per_gpu: NonNegative | None = None
@@ -157,12 +158,16 @@ def sweep_rows(path: str | Path, what: str = "plot") -> list[dict[str, Any]]:
         from ..sweep import read_rows
 
         rows = read_rows(p)
-        for i, r in enumerate(rows):
-            check(SweepRow, r, f"{p} (a simfed sweep CSV), row {i + 1}")
-        return rows
-    data = read_json(p, what)
-    check(SweepFile, data, f"{p} (expected simfed sweep JSON)")
-    return list(data["rows"])
+        checked = [check(SweepRow, r, f"{p} (a simfed sweep CSV), row {i + 1}")
+                   for i, r in enumerate(rows)]
+    else:
+        data = read_json(p, what)
+        rows = list(data["rows"]) if isinstance(data, dict) and isinstance(
+            data.get("rows"), list) else []
+        checked = list(check(SweepFile, data, f"{p} (expected simfed sweep JSON)").rows)
+    # the values as checked (an integer 10**30 is the number 1e30), the other keys as written
+    return [{**r, **m.model_dump(exclude_unset=True)} for r, m in zip(rows, checked,
+                                                                     strict=True)]
 
 
 def study_for_grid(path: str | Path, what: str = "figures") -> dict[str, Any]:

@@ -383,8 +383,8 @@ LENIENT = {"strict": False}
 # FL-grid figure's fields; the study kind (tests/fuzz/convergence.py) walks every key
 STUDY_RULES = {
     "recipe": Rule("dict"), "recipe.paper_lr": Rule("num", 0, 1e30, lo_open=True, **LENIENT),
-    "ranks_per_group": Rule("int", 1, 2**20, **LENIENT),
-    "micro_batch": Rule("int", 1, 2**20, **LENIENT),
+    "ranks_per_group": Rule("int", 1, 2**20, required=False, **LENIENT),  # default 1
+    "micro_batch": Rule("int", 1, 2**20, required=False, **LENIENT),
     "runs": Rule("list"), "runs[*]": Rule("dict"), "runs[*].algorithm": Rule("str"),
     "runs[*].lr": Rule("num", 0, 1e30, lo_open=True, **LENIENT),
     "runs[*].groups": Rule("int", 1, 2**53, **LENIENT),

@@ -106,7 +106,26 @@ SWEEPS = [
      ["rows[0]", "tokens_per_s_per_gpu is missing, but the row's status is ok"]),
     ("NaN", None, "NaN", ["NaN is not a JSON number"]),
     ("deep", None, "[" * 100_000 + "]" * 100_000, ["nested deeper than 64"]),
+    # before: AttributeError / unhashable list in the figures (exit 3), found by the fuzzer
+    ("model a string", lambda d: d["rows"][0].__setitem__("model", "x"), None,
+     ["rows[0].model"]),
+    ("a swept value a list", lambda d: d["rows"][0]["params"].__setitem__(
+        next(iter(d["rows"][0]["params"])), [1, 2]), None, ["rows[0].params"]),
 ]
+
+
+@pytest.mark.parametrize("kind", ["scaling", "heatmap"])
+def test_a_huge_integer_is_drawn_as_the_number_it_is(tmp_path, made, kind):
+    """An integer speedup of 10**30 (JSON allows it; within the checked range) reached numpy
+    as a Python int: isfinite of an object array, TypeError (exit 3)."""
+    def change(d):
+        for r in d["rows"]:
+            if r.get("speedup") is not None:
+                r["speedup"] = 10**30
+    p = tmp_path / "sw.json"
+    p.write_text(json.dumps(_mutated(made["sweep"], change)))
+    res = CliRunner().invoke(main, ["plot", kind, str(p), "--out", str(tmp_path / "o.png")])
+    assert res.exit_code == 0, res.output
 
 
 @pytest.mark.parametrize("kind", ["scaling", "heatmap"])
