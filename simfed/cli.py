@@ -10,19 +10,19 @@ import click
 
 from .spec import SpecError
 from .spec.cli_types import NonEmptyPath
-from .spec.messages import internal_error_line, one_line
+from .spec.messages import INTERNAL_ERROR, ending  # noqa: F401 - re-exported
 from .spec.overrides import parse_sets
 from .spec.paths import check_output, write_text_atomic
 
 # exit statuses: 2 bad input (a SpecError, a usage error, a file that cannot be read or
 # written); INTERNAL_ERROR a fault of simfed itself (a bug: the traceback goes to a log file)
-INTERNAL_ERROR = 3
 
 
-def _internal_error(exc: BaseException) -> None:
-    """One line on stderr naming a log file that holds the traceback; exit INTERNAL_ERROR."""
-    click.echo(internal_error_line("simfed", exc, sys.argv[1:]), err=True)
-    sys.exit(INTERNAL_ERROR)
+def _ended(exc: BaseException) -> None:
+    """The contract's one line on stderr and its exit status (spec.messages.ending)."""
+    line, status = ending("simfed", exc, sys.argv[1:])
+    click.echo(line, err=True)
+    sys.exit(status)
 
 
 def _finite_or_null(obj: object) -> object:
@@ -47,21 +47,14 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except SpecError as exc:
-            click.echo(f"error: {one_line(str(exc))}", err=True)  # long values cut
-            sys.exit(2)
         except (click.exceptions.ClickException, click.exceptions.Exit,
                 click.exceptions.Abort, SystemExit):
             raise
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
-        except OSError as exc:  # the file system: a full disk, a path that went away
-            name = f" {exc.filename}" if exc.filename else ""
-            click.echo(one_line(f"error: cannot access{name}: {exc.strerror or exc}"), err=True)
-            sys.exit(2)
-        except Exception as exc:  # RecursionError and MemoryError included
-            _internal_error(exc)
+        except Exception as exc:  # SpecError, OSError; RecursionError and MemoryError included
+            _ended(exc)
 
 
 @click.group(cls=_Group)

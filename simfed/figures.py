@@ -324,6 +324,7 @@ def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, di
     from .engine import simulate
     from .plots import plot_fl_grid, plot_size_study, plot_time_to_target
     from .spec import load_scenario
+    from .spec.study import is_size_study
 
     ttt = scenario.with_name(f"{scenario.stem}-time-to-target.yaml")
     if ttt.exists():
@@ -331,12 +332,11 @@ def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, di
         m.save(plot_time_to_target(out), f"{scenario.stem}_perplexity_vs_time_to_target")
     else:
         echo(f"note: {ttt} not found: skipping the time-to-target figure")
-    sizes = [data for _, data in studies
-             if (data.get("model") or {}).get("non_embedding_params") is not None]
+    sizes = [data for _, data in studies if is_size_study(data)]
     if sizes:  # the size study: its files side by side
         m.save(plot_size_study(sizes), "convergence_size_study")
     for study, data in studies:
-        if (data.get("model") or {}).get("non_embedding_params") is not None:
+        if is_size_study(data):
             continue
         sweep = {r["batch_per_model"] for r in data.get("runs", []) if r["algorithm"] == "fsdp"}
         if len(sweep) >= 2:  # a study with a batch sweep and an FL grid to set beside it

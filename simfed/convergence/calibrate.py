@@ -15,6 +15,7 @@ import yaml
 
 from ..spec import SpecError
 from ..spec.paths import write_text_atomic
+from ..spec.study import is_size_study
 from .fit import critical_batch, fit_profile, holdout, read_study
 
 BOOTSTRAP_DRAWS = 40
@@ -26,7 +27,7 @@ def calibrate_convergence(inputs: Iterable[Path], out: Path, report: Path,
     parameters), else the noise_progress model from one study file."""
     inputs = list(inputs)
     studies = [read_study(p) for p in inputs]
-    if any(s["model"].get("non_embedding_params") is not None for s in studies):
+    if any(is_size_study(s) for s in studies):
         from .calibrate_scaling import calibrate_scaling
 
         return calibrate_scaling(studies, out, report, draws=draws)

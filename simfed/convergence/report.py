@@ -16,6 +16,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..spec import SpecError
+from ..spec.study import is_size_study
 from .fit import critical_batch, holdout, read_study
 
 
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     file with the traceback, exit status 3."""
     import sys
 
-    from ..spec.messages import internal_error_line, one_line
+    from ..spec.messages import ending
 
     ap = argparse.ArgumentParser(prog="python -m simfed.convergence.report")
     ap.add_argument("studies", nargs="+")
@@ -207,30 +208,24 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         _report(args)
-    except SpecError as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
-        sys.exit(2)
-    except OSError as exc:
-        name = f" {exc.filename}" if exc.filename else ""
-        print(one_line(f"error: cannot access{name}: {exc.strerror or exc}"), file=sys.stderr)
-        sys.exit(2)
-    except Exception as exc:  # RecursionError and MemoryError included
-        print(internal_error_line("simfed.convergence.report", exc,
-                                  sys.argv[1:] if argv is None else argv), file=sys.stderr)
-        sys.exit(3)
+    except Exception as exc:  # SpecError, OSError; RecursionError and MemoryError included
+        line, status = ending("simfed.convergence.report", exc,
+                              sys.argv[1:] if argv is None else argv)
+        print(line, file=sys.stderr)
+        sys.exit(status)
 
 
 def _report(args: argparse.Namespace) -> None:
     sizes = []
     for path in args.studies:
         study = read_study(path)
-        if study["model"].get("non_embedding_params") is not None:
+        if is_size_study(study):
             sizes.append(study)  # the size study: reported across its files below
         print("\n".join(grid_table(study)), end="\n\n")
         for extra in (claim_table(study), noise_table(study)):
             if extra:
                 print("\n".join(extra), end="\n\n")
-        if args.holdout and study["model"].get("non_embedding_params") is None:
+        if args.holdout and not is_size_study(study):
             print("\n".join(holdout_lines(study)), end="\n\n")
     if sizes:
         print("\n".join(size_study(sizes)), end="\n\n")

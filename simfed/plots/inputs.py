@@ -162,9 +162,8 @@ def sweep_rows(path: str | Path, what: str = "plot") -> list[dict[str, Any]]:
                    for i, r in enumerate(rows)]
     else:
         data = read_json(p, what)
-        rows = list(data["rows"]) if isinstance(data, dict) and isinstance(
-            data.get("rows"), list) else []
-        checked = list(check(SweepFile, data, f"{p} (expected simfed sweep JSON)").rows)
+        checked = check(SweepFile, data, f"{p} (expected simfed sweep JSON)").rows
+        rows = data["rows"]
     # the values as checked (an integer 10**30 is the number 1e30), the other keys as written
     return [{**r, **m.model_dump(exclude_unset=True)} for r, m in zip(rows, checked,
                                                                      strict=True)]

@@ -61,3 +61,21 @@ def internal_error_line(program: str, exc: BaseException, argv: list[str]) -> st
         where = "no log file could be written"
     return (f"internal error (a bug in {program}, not in the input): {type(exc).__name__}: "
             f"{first} ({where})")
+
+
+INTERNAL_ERROR = 3  # the exit status of a fault of the program itself
+
+
+def ending(program: str, exc: BaseException, argv: list[str]) -> tuple[str, int]:
+    """The error contract for a command that ended with `exc`: the line it prints on stderr and
+    its exit status. Bad input (a SpecError) or a file that cannot be read or written (an
+    OSError) is one line and status 2; anything else is a fault of the program: the
+    internal_error_line and status 3."""
+    from .schema import SpecError
+
+    if isinstance(exc, SpecError):
+        return f"error: {one_line(str(exc))}", 2  # long values cut
+    if isinstance(exc, OSError):  # the file system: a full disk, a path that went away
+        name = f" {exc.filename}" if exc.filename else ""
+        return one_line(f"error: cannot access{name}: {exc.strerror or exc}"), 2
+    return internal_error_line(program, exc, argv), INTERNAL_ERROR

@@ -132,6 +132,12 @@ class Study(FrozenModel):
         return self
 
 
+def is_size_study(study: dict[str, Any]) -> bool:
+    """A file of the size study: it names its model's non-embedding size, which the scaling
+    model takes as an input (the other studies fit the noise_progress model)."""
+    return (study.get("model") or {}).get("non_embedding_params") is not None
+
+
 def read_study_file(path: str | Path, *, defaults: bool = True) -> dict[str, Any]:
     """A study file as plain data, checked and typed (SpecError naming the file and field
     otherwise), every key present with its default (`defaults=False`: only the keys the file
