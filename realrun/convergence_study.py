@@ -206,6 +206,50 @@ EXPERIMENTS = (
       for h in SIZES),
 )
 
+# The second check of the size study, fixed (simfed/convergence/split.py) before any of its runs
+# was made: a fresh, larger size (hidden 384, 3.3M non-embedding parameters, 2.2x the largest
+# fitted) on a reduced grid, and the same three shapes as the 512-step runs at 2048 steps (4x the
+# longest fitted) at hidden 64 and 128.
+FRESH_SIZE = {384: 1056}
+
+
+def fresh_size_points() -> tuple[RunPoint, ...]:
+    lr = SIZE_LR
+    return (RunPoint("fsdp", 32, lr=lr, noise=True, seeds=(0,)),
+            RunPoint("fl_fsdp", 32, 8, lr, seeds=(0,)),
+            RunPoint("fsdp", 1, lr=lr, seeds=(0,)),
+            RunPoint("fsdp", 32, lr=1e-3, seeds=(0,)),
+            RunPoint("fl_fsdp", 32, 1, lr, seeds=(0,)),
+            RunPoint("fl_fsdp", 4, 4, lr, seeds=(0,)),
+            *(RunPoint(a, n, k, lr, seeds=(1,)) for a, n, k in
+              (("fsdp", 32, 0), ("fl_fsdp", 32, 8), ("fsdp", 1, 0))),
+            RunPoint("fsdp", 1, lr=lr, seeds=(2,)))
+
+
+def long_points() -> tuple[RunPoint, ...]:
+    return tuple(RunPoint(a, n, k, SIZE_LR, steps=2048, seeds=(0,)) for a, n, k in
+                 (("fsdp", 32, 0), ("fl_fsdp", 32, 8), ("fsdp", 1, 0)))
+
+
+def size_base(hidden: int, ffn: int) -> dict[str, Any]:
+    return {"data.source": "kjv", "training.steps": 128, "training.warmup_steps": 13,
+            "training.eval_sequences": 256, "model.name": f"llama-h{hidden}",
+            "model.hidden": hidden, "model.layers": 2, "model.ffn_hidden": ffn,
+            "model.heads": 4, "model.kv_heads": 2}
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): the "
+                 "fresh size of the second check (reduced grid at lr 3e-3 and 1e-3, seeds)",
+                 base=size_base(h, ffn), points=fresh_size_points(), evals_per_run=16)
+      for h, ffn in FRESH_SIZE.items()),
+    *(Experiment(f"kjv-h{h}-long", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): "
+                 "the 512-step shapes at 2048 steps (the second check past the horizon)",
+                 base=size_base(h, SIZES[h]), points=long_points(), evals_per_run=32)
+      for h in (64, 128)),
+)
+
 
 
 def experiment(name: str) -> Experiment:

@@ -9,7 +9,20 @@ kjv-h256), fixed before any of its runs was looked at:
   the untrained loss to the best final loss of the fit runs; the error is predicted / measured
   steps to that loss - 1 (measured steps interpolated between evaluation points).
 
-The profile that scenarios use is fitted on every run once both checks are reported."""
+The profile that scenarios use is fitted on every run once both checks are reported.
+
+The second check (experiments kjv-h384, kjv-h64-long, kjv-h128-long), fixed before any of its
+runs was made, scores the model and fit as they stand at the commit that first reads those runs
+(recorded with the result), once:
+
+- fresh size: every run of hidden 384 (3.3M non-embedding parameters, 2.2x the largest fitted)
+  predicted by a profile fitted on every run of hidden 48 ... 256 (128- and 512-step runs);
+  targets: TARGET_FRACTIONS of the drop from the mean post-plateau start to the best final
+  loss of the fit set's 128-step runs (the check runs' length);
+- fresh horizon: every 2048-step run (hidden 64 and 128) predicted by a profile fitted on every run
+  of at most 512 steps at hidden 48 ... 256 (4x the longest fitted); targets per check run:
+  LONG_FRACTIONS of the drop from its post-plateau start to the best final loss of the fit runs
+  of its size (1.1: beyond anything the fit set reached)."""
 
 from __future__ import annotations
 
@@ -19,6 +32,13 @@ SIZE_CHECK_HIDDEN = 256
 HORIZON_FIT_STEPS = 128
 HORIZON_CHECK_STEPS = 512
 TARGET_FRACTIONS = (0.5, 0.75, 0.9)
+
+
+FRESH_SIZE_HIDDEN = 384
+FRESH_FIT_HIDDEN = (48, 64, 128, 256)
+LONG_CHECK_STEPS = 2048
+LONG_FIT_MAX_STEPS = 512
+LONG_FRACTIONS = (0.5, 0.75, 0.9, 1.0, 1.1)
 
 
 def is_size_check(run: dict[str, Any]) -> bool:
