@@ -6,8 +6,12 @@ of their range named, and bootstrap refits for the band."""
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import math
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,35 +81,91 @@ def fitted_range(studies: list[dict[str, Any]], runs: list[Run]) -> dict[str, An
     }
 
 
-def held_out_checks(runs: list[Run], fmin: float, draws: int = 20,
-                    fixed: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """The checks of split.py that these runs allow (each needs both of its sets). Scored on
-    the stage after the unigram plateau ("post" segments of runs.segments, steps counted from
-    where the loss leaves it; whole runs where the study has no unigram loss)."""
-    out = []
+def _hidden(r: Run) -> int:
+    return int(r.tags["model"]["hidden"])
+
+
+def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
+    """The checks of split.py that these runs allow (each needs both of its sets): what is
+    fitted, what is predicted, and the losses scored. Scored on the stage after the unigram
+    plateau ("post" segments of runs.segments, steps counted from where the loss leaves it;
+    whole runs where the study has no unigram loss)."""
     scored = [r for r in runs if r.shape.segment != "pre"]
 
-    def targets(fit_set: list[Run]) -> list[float]:
-        post = [r for r in fit_set if r.shape.segment != "pre"]
-        start = float(np.mean([r.eval_loss[0] for r in post]))
-        return split.targets(start, min(r.final_loss for r in post))
+    def post(rs: list[Run]) -> list[Run]:
+        return [r for r in rs if r.shape.segment != "pre"]
 
-    size_fit = [r for r in runs if not split.is_size_check(r.tags)]
-    size_check = [r for r in scored if split.is_size_check(r.tags)]
+    def targets(fit_set: list[Run]) -> list[float]:
+        start = float(np.mean([r.eval_loss[0] for r in post(fit_set)]))
+        return split.targets(start, min(r.final_loss for r in post(fit_set)))
+
+    plans = []
+    first = [r for r in runs if _hidden(r) in split.FRESH_FIT_HIDDEN
+             and int(r.tags["steps"]) <= split.HORIZON_CHECK_STEPS]
+    size_fit = [r for r in first if not split.is_size_check(r.tags)]
+    size_check = [r for r in post(first) if split.is_size_check(r.tags)]
     if size_fit and size_check:
-        c = fitting.check(size_fit, size_check, floor_min=fmin, draws=draws, fixed=fixed,
-                          targets=targets(size_fit))
-        hidden = sorted({int(r.tags["model"]["hidden"]) for r in size_fit})
-        out.append({"what": "across size", "fit": f"hidden {', '.join(map(str, hidden))}",
-                    "check": f"hidden {split.SIZE_CHECK_HIDDEN}", **c})
-    hz_fit = [r for r in runs if split.is_horizon_fit(r.tags)]
-    hz_check = [r for r in scored if split.is_horizon_check(r.tags)]
+        hidden = sorted({_hidden(r) for r in size_fit})
+        plans.append({"what": "across size", "fit": f"hidden {', '.join(map(str, hidden))}",
+                      "check": f"hidden {split.SIZE_CHECK_HIDDEN}", "fit_set": size_fit,
+                      "check_set": size_check, "targets": targets(size_fit)})
+    hz_fit = [r for r in first if split.is_horizon_fit(r.tags)]
+    hz_check = [r for r in post(first) if split.is_horizon_check(r.tags)]
     if hz_fit and hz_check:
-        c = fitting.check(hz_fit, hz_check, floor_min=fmin, draws=draws, fixed=fixed,
-                          targets=targets(hz_fit))
-        out.append({"what": "past the horizon", "fit": f"{split.HORIZON_FIT_STEPS}-step runs",
-                    "check": f"{split.HORIZON_CHECK_STEPS}-step runs", **c})
-    return out
+        plans.append({"what": "past the horizon", "fit": f"{split.HORIZON_FIT_STEPS}-step runs",
+                      "check": f"{split.HORIZON_CHECK_STEPS}-step runs", "fit_set": hz_fit,
+                      "check_set": hz_check, "targets": targets(hz_fit)})
+    # the second check (fresh runs)
+    fresh_fit = [r for r in runs if _hidden(r) in split.FRESH_FIT_HIDDEN
+                 and int(r.tags["steps"]) <= split.LONG_FIT_MAX_STEPS]
+    fresh_size = [r for r in scored if _hidden(r) == split.FRESH_SIZE_HIDDEN]
+    if fresh_fit and fresh_size:
+        same_length = [r for r in fresh_fit if int(r.tags["steps"]) == split.HORIZON_FIT_STEPS]
+        start = float(np.mean([r.eval_loss[0] for r in post(fresh_fit)]))
+        plans.append({"what": "fresh size",
+                      "fit": "hidden " + ", ".join(map(str, split.FRESH_FIT_HIDDEN)),
+                      "check": f"hidden {split.FRESH_SIZE_HIDDEN}", "fit_set": fresh_fit,
+                      "check_set": fresh_size,
+                      "targets": split.targets(start, min(r.final_loss
+                                                          for r in post(same_length)))})
+    long_check = [r for r in scored if int(r.tags["steps"]) == split.LONG_CHECK_STEPS]
+    if fresh_fit and long_check:
+        best = {h: min((r.final_loss for r in post(fresh_fit) if _hidden(r) == h),
+                       default=math.nan) for h in {_hidden(r) for r in long_check}}
+        plans.append({"what": "fresh horizon",
+                      "fit": f"runs of at most {split.LONG_FIT_MAX_STEPS} steps",
+                      "check": f"{split.LONG_CHECK_STEPS}-step runs", "fit_set": fresh_fit,
+                      "check_set": long_check, "targets": functools.partial(_long_targets, best)})
+    return plans
+
+
+def _long_targets(best: dict[int, float], r: Run) -> list[float]:
+    """split.LONG_FRACTIONS of the drop from a check run's start to the best final loss of
+    the fit runs of its size."""
+    drop = r.eval_loss[0] - best[_hidden(r)]
+    return [r.eval_loss[0] - f * drop for f in split.LONG_FRACTIONS] if math.isfinite(drop) else []
+
+
+def _run_check(plan: dict[str, Any], fmin: float, draws: int,
+               fixed: dict[str, float] | None) -> dict[str, Any]:
+    c = fitting.check(plan["fit_set"], plan["check_set"], floor_min=fmin, draws=draws,
+                      fixed=fixed, targets=plan["targets"])
+    return {"what": plan["what"], "fit": plan["fit"], "check": plan["check"], **c}
+
+
+def held_out_checks(runs: list[Run], fmin: float, draws: int = 20,
+                    fixed: dict[str, float] | None = None, jobs: int | None = None,
+                    only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The checks of split.py that these runs allow (check_plans; `only`: those named), each
+    fitted and scored, in parallel processes (`jobs`, default one per CPU core); the results
+    do not depend on how many."""
+    plans = [p for p in check_plans(runs) if not only or p["what"] in only]
+    jobs = max(1, min(len(plans), jobs or os.cpu_count() or 1))
+    if jobs == 1:
+        return [_run_check(p, fmin, draws, fixed) for p in plans]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_run_check, p, fmin, draws, fixed) for p in plans]
+        return [f.result() for f in futures]
 
 
 def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
@@ -117,8 +177,8 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
     fixed = fixed_params(studies)
     checks = held_out_checks(runs, fmin, draws=min(draws, 20), fixed=fixed)
     f = fitting.fit(runs, fmin, fixed)
-    boot = (fitting.bootstrap(runs, draws, floor_min=fmin, x0=f["x"], fixed=fixed) if draws
-            else np.empty((0, 0)))
+    boot = (fitting.bootstrap(runs, draws, floor_min=fmin, x0=f["x"], fixed=fixed,
+                              jobs=os.cpu_count() or 1) if draws else np.empty((0, 0)))
     names = ", ".join(sorted({s["experiment"] for s in studies}))
     profile: dict[str, Any] = {
         "schema": PROFILE_V2, "model": "scaling",

@@ -14,8 +14,12 @@ checks of the size study (split.py): across model size and past the fitted horiz
 
 from __future__ import annotations
 
+import functools
 import math
+import multiprocessing
 from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from statistics import median
 from typing import Any
 
@@ -137,20 +141,31 @@ def configurations(runs: list[Run]) -> list[list[Run]]:
 
 def bootstrap(runs: list[Run], n: int, *, floor_min: float = 0.0,
               fixed: dict[str, float] | None = None, seed: int = 0,
-              x0: np.ndarray | None = None) -> np.ndarray:
+              x0: np.ndarray | None = None, jobs: int = 1) -> np.ndarray:
     """Parameter vectors refitted on `n` resamples of the configurations (with replacement):
-    the spread the same kind of measurements would have given. Deterministic (seeded); each
-    refit starts from `x0` (the full fit's estimate) when given."""
+    the spread the same kind of measurements would have given. Deterministic (seeded, and the
+    same for any number of `jobs`, the processes the refits run in); each refit starts from
+    `x0` (the full fit's estimate) when given."""
     rng = np.random.default_rng(seed)
     groups = configurations(runs)
-    out = []
-    for _ in range(n):
-        pick = [r for i in rng.integers(0, len(groups), size=len(groups)) for r in groups[i]]
-        try:
-            out.append(fit(pick, floor_min, fixed, x0=x0)["x"])
-        except SpecError:
-            continue
-    return np.array(out)
+    picks = [[r for i in rng.integers(0, len(groups), size=len(groups)) for r in groups[i]]
+             for _ in range(n)]
+    refit = functools.partial(_refit, floor_min=floor_min, fixed=fixed, x0=x0)
+    if jobs > 1 and n > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(jobs, n), mp_context=ctx) as pool:
+            out = list(pool.map(refit, picks))
+    else:
+        out = [refit(p) for p in picks]
+    return np.array([x for x in out if x is not None])
+
+
+def _refit(pick: list[Run], *, floor_min: float, fixed: dict[str, float] | None,
+           x0: np.ndarray | None) -> np.ndarray | None:
+    try:
+        return fit(pick, floor_min, fixed, x0=x0)["x"]
+    except SpecError:
+        return None
 
 
 def draws_with_noise(x: np.ndarray, draws: np.ndarray, residual_sd: float, n: int,
@@ -162,10 +177,12 @@ def draws_with_noise(x: np.ndarray, draws: np.ndarray, residual_sd: float, n: in
 
 
 def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
-          fixed: dict[str, float] | None = None, targets: list[float] | None = None,
+          fixed: dict[str, float] | None = None,
+          targets: list[float] | Callable[[Run], list[float]] | None = None,
           draws: int = 20, samples: int = 100, seed: int = 0) -> dict[str, Any]:
     """Fit on `fit_set`, predict every run of `check_set`: steps to each target it reaches
-    (error = predicted / measured - 1) and whether the measured steps lie in [p10, p90]."""
+    (error = predicted / measured - 1) and whether the measured steps lie in [p10, p90].
+    `targets`: the losses scored, the same for every check run or a function of the run."""
     from .split import targets as split_targets
 
     f = fit(fit_set, floor_min, fixed)
@@ -182,7 +199,7 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
     for r in check_set:
         j = shapes.index(r.shape)
         at = np.array(r.eval_steps)
-        for tgt in targets:
+        for tgt in (targets(r) if callable(targets) else targets):
             meas = crossing(at, np.array(r.eval_loss), tgt)
             if not math.isfinite(meas) or meas <= 0:
                 continue
@@ -199,8 +216,9 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
                          "inside": bool(lo <= meas <= hi),
                          "error": pred_v / meas - 1})
     errs = [abs(row["error"]) for row in rows]
+    shown = sorted({row["target_loss"] for row in rows}) if callable(targets) else targets
     return {"fit_runs": len(fit_set), "check_runs": len(check_set), "points": len(rows),
-            "targets": [round(t, 4) for t in targets],
+            "targets": [round(t, 4) for t in shown],
             "median_abs_error": median(errs) if errs else None,
             "worst_abs_error": max(errs) if errs else None,
             "inside_band": (sum(r["inside"] for r in rows) / len(rows)) if rows else None,

@@ -22,27 +22,28 @@ P counts steps at the noise-free optimal learning rate. One step at learning rat
 tr(H Sigma)/B), quadratic in eta), written for Adam, whose update has about unit size per
 coordinate and whose noisy gradients shrink the part of it along the true gradient:
 
-    dP = 2 x s - x^2 q,   x = eta / eta*(N),   eta*(N) = eta*_0 (N / N_0)^(-c)
-    s^2 = 1 / (1 + B_noise(L) / b)               the signal fraction of one copy's update
-    q = s^2 + (1 - s^2) / G_eff                  the update's squared size after averaging
+    dP = 2 x s - x^2,   x = eta / eta*(N),   eta*(N) = eta*_0 (N / N_0)^(-c)
+    s^2 = 1 / (1 + B_noise(L) / (G_eff b))      the signal fraction of the update
 
-- b: tokens per optimizer step per model copy; B_noise(L) = B* L^(-1/alpha_B): the gradient
+- b: tokens per optimizer step per model copy; G_eff = 1 for one model, below G for G groups
+  averaged (next); B_noise(L) = B* L^(-1/alpha_B): the gradient
   noise scale grows as the loss falls, the same at every size at equal loss (Kaplan et al. 2020,
   eq. 5.3 and fig. 10); B* and alpha_B are fitted (they depend on data and tokenizer).
-- One model (FSDP, HSDP, one federation group): G_eff = 1, q = 1: progress 2 x s - x^2 peaks at
+- One model (FSDP, HSDP, one federation group): G_eff = 1: progress 2 x s - x^2 peaks at
   x = s with s^2 = 1 / (1 + B_noise / b), McCandlish's statistical efficiency (S = S_min (1 +
   B_noise / B)); at a small learning rate progress is 2 x s, and the batch still counts through
   s (Adam's normalisation). Above the optimum the quadratic term costs progress (too high a
   learning rate); below it steps are wasted.
-- G groups averaged every K steps (FedAvg of AdamW groups): every copy moves along the true
-  gradient by the same 2 x s (s from its own batch b), and the noisy parts of their updates,
-  independent across groups, average out: after one step (K = 1) the squared size of the
-  averaged noise is (1 - s^2) / G. Between rounds the copies drift apart along different
-  trajectories and the average recovers less: G_eff = G^(1 / (1 + kappa ln K)) (local SGD:
-  Lin et al. 2020; Ortiz et al. 2021; DiLoCo's replica and period scaling, Charles et al. 2025).
-  So averaging is worth little at a small learning rate (progress 2 x s, as one group) and
-  most where one model's x^2 term would cost it: the learning-rate regime decides whether
-  FL+FSDP reaches a loss before FSDP.
+- G groups averaged every K steps (FedAvg of AdamW groups): the average learns as one model on
+  G_eff x b tokens a step, G_eff = G^(1 / (1 + kappa ln K)). With K = 1 the copies stay equal
+  and their mean step is one step on the G groups' batches together (G_eff = G: FL+FSDP is
+  FSDP on G x b); between rounds the copies drift apart along different trajectories and the
+  average recovers less (local SGD: Lin et al. 2020; Ortiz et al. 2021; DiLoCo's replica and
+  period scaling, Charles et al. 2025), down to one group's batch as K grows. The size study
+  identifies kappa in this form (its 95% interval excludes 0 and infinity: averaging every 8
+  steps is worth a few-fold larger batch, less than G-fold); a form in which averaging reduced
+  only the noise of the update and not its signal fraction (q = s^2 + (1 - s^2) / G_eff) fitted
+  the study worse and left kappa on its bound.
 - Evaluation is of the groups' mean model (as the emulator and a FedAvg round make it).
 
 Each stage has its own progress and noise-free optimal learning rate (eta*_1 for the token
@@ -189,8 +190,9 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     out[:, :, 0] = loss
     for i in range(blocks):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
-        s2 = b / (b + b_noise)
-        q = s2 + (1.0 - s2) / g_eff
+        # the groups' average learns as one model on G_eff x b tokens a step
+        s2 = b * g_eff / (b * g_eff + b_noise)
+        q = np.ones_like(s2)
         s1 = np.sqrt(s2)
         progress = np.maximum(progress + _step(sum_lr[:, i], sum_lr2[:, i], lr_star, s1, q,
                                                width[i]), 0.0)

@@ -56,8 +56,8 @@ def test_one_step_is_the_closed_form():
     assert c[1] == pytest.approx(L0)  # lr 0 at step 0: nothing learnt
     eta = s.lr_values()[1]
     bn = scaling.noise_scale(X, L0)
-    s2 = s.batch_tokens / (s.batch_tokens + bn)
-    q = s2 + (1 - s2) / 8  # K = 1: G_eff = G
+    s2 = 8 * s.batch_tokens / (8 * s.batch_tokens + bn)  # K = 1: G_eff = G, one model on G b
+    q = 1.0
 
     def dp(lr_star: float, quadratic: bool = False) -> float:
         x = eta / lr_star
@@ -109,12 +109,14 @@ def test_larger_batches_and_more_groups_never_learn_slower_per_step():
     assert ks[0] <= ks[1] <= ks[2]
 
 
-def test_averaging_is_worth_little_at_a_small_learning_rate():
-    """At small x the quadratic term vanishes: FL+FSDP learns as one group does."""
-    small = dict(batch_tokens=128, lr=1e-5)
-    one = curve(shape(**small))
-    fl = curve(shape(**small, groups=64, aggregate_every=1))
-    assert abs(one[-1] - fl[-1]) < 0.02 * (L0 - one[-1])
+def test_averaging_every_step_is_one_model_on_all_groups_batches():
+    """K = 1 keeps the copies equal: FL+FSDP with G groups of b tokens is FSDP on G b tokens;
+    with K > 1 the average is worth less than that and more than one group."""
+    fl = curve(shape(batch_tokens=128, groups=16, aggregate_every=1))
+    assert np.allclose(fl, curve(shape(batch_tokens=16 * 128)), rtol=0, atol=1e-12)
+    k8 = curve(shape(batch_tokens=128, groups=16, aggregate_every=8))
+    one = curve(shape(batch_tokens=128))
+    assert fl[-1] < k8[-1] < one[-1]
 
 
 def synthetic_runs(sizes: tuple[float, ...], x: np.ndarray = X) -> list[Run]:
@@ -302,3 +304,38 @@ def test_segments_take_the_plateau_out():
     assert c[0] == pytest.approx(2.9) and len(c) == 64 - 41 + 1
     stuck = Run(key="s", shape=s, eval_steps=(0, 32, 64), eval_loss=(5.5, 3.02, 2.99), tags={})
     assert [g.shape.segment for g in segments(stuck, 3.0)] == ["pre"]
+
+
+def test_check_plans_follow_the_split():
+    """The held-out checks of split.py: which runs each fits and predicts, and its targets."""
+    from simfed.convergence import split
+    from simfed.convergence.calibrate_scaling import check_plans
+
+    def run(hidden: int, steps: int, final: float) -> Run:
+        s = shape(params=hidden * 1e4, steps=steps)
+        return Run(key=f"h{hidden}/s{steps}", shape=s, eval_steps=(0, steps),
+                   eval_loss=(5.0, final), tags={"model": {"hidden": hidden}, "steps": steps})
+
+    runs = [run(h, n, 3.0 - h / 1000 - n / 10000) for h in (48, 64, 128, 256)
+            for n in (128, 512)]
+    runs += [run(384, 128, 2.5), run(64, 2048, 2.0), run(128, 2048, 1.9)]
+    plans = {p["what"]: p for p in check_plans(runs)}
+    assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon"]
+    key = {k: {r.key for r in p["check_set"]} for k, p in plans.items()}
+    assert key["across size"] == {"h256/s128", "h256/s512"}
+    assert key["past the horizon"] == {f"h{h}/s512" for h in (48, 64, 128, 256)}
+    assert key["fresh size"] == {"h384/s128"}
+    assert key["fresh horizon"] == {"h64/s2048", "h128/s2048"}
+    for what in ("across size", "past the horizon"):  # the fresh runs never enter the first
+        assert all(int(r.tags["steps"]) <= 512 and r.tags["model"]["hidden"] <= 256
+                   for r in plans[what]["fit_set"])
+    assert {r.key for r in plans["fresh size"]["fit_set"]} == {
+        f"h{h}/s{n}" for h in (48, 64, 128, 256) for n in (128, 512)}
+    # fresh size: fractions of the drop to the best 128-step fit run (h256: 3 - 0.256 - 0.0128)
+    best128 = 3.0 - 0.256 - 0.0128
+    assert plans["fresh size"]["targets"] == pytest.approx(split.targets(5.0, best128))
+    # fresh horizon: per run, to the best fit run of its size (h64: its 512-step run)
+    long64 = next(r for r in plans["fresh horizon"]["check_set"] if r.key == "h64/s2048")
+    best64 = 3.0 - 0.064 - 0.0512
+    assert plans["fresh horizon"]["targets"](long64) == pytest.approx(
+        [5.0 - f * (5.0 - best64) for f in split.LONG_FRACTIONS])
