@@ -159,7 +159,7 @@ EXPERIMENTS = (
                      tuple(RunPoint("fl_fsdp", 128, 8, lr, outer="nesterov")
                            for lr in (PAPER_LR, 3e-3))),
 )
-QUICK = {"training.steps": 8, "training.eval_sequences": 16}
+QUICK = {"training.steps": 8, "training.warmup_steps": 1, "training.eval_sequences": 16}
 
 # The size study: four model sizes (2 layers; hidden 48, 64, 128, 256: 52K to 1.48M non-embedding
 # parameters, 28x) on the King James Bible, 128-step runs (the paper's schedule shape: 10%

@@ -161,7 +161,9 @@ def convergence_lines(out: dict[str, Any]) -> list[str]:
                              "draw reaches the target at the same step")
     for c in conv.get("checks") or []:
         if c.get("median_abs_error") is not None:
-            lines.append(f"how sure (time to target): held out {c['what']} (fit {c['fit']}, "
+            how = ("development check (its runs seen before the model was fixed)"
+                   if c.get("seen") else "how sure (time to target): held out")
+            lines.append(f"{how} {c['what']} (fit {c['fit']}, "
                          f"check {c['check']}): median |steps error| "
                          f"{c['median_abs_error']:.0%}, worst {c['worst_abs_error']:.0%}, "
                          f"{c['inside_band']:.0%} inside [p10, p90]")

@@ -107,13 +107,15 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
     if size_fit and size_check:
         hidden = sorted({_hidden(r) for r in size_fit})
         plans.append({"what": "across size", "fit": f"hidden {', '.join(map(str, hidden))}",
-                      "check": f"hidden {split.SIZE_CHECK_HIDDEN}", "fit_set": size_fit,
+                      "check": f"hidden {split.SIZE_CHECK_HIDDEN}", "seen": True,
+                      "fit_set": size_fit,
                       "check_set": size_check, "targets": targets(size_fit)})
     hz_fit = [r for r in first if split.is_horizon_fit(r.tags)]
     hz_check = [r for r in post(first) if split.is_horizon_check(r.tags)]
     if hz_fit and hz_check:
         plans.append({"what": "past the horizon", "fit": f"{split.HORIZON_FIT_STEPS}-step runs",
-                      "check": f"{split.HORIZON_CHECK_STEPS}-step runs", "fit_set": hz_fit,
+                      "check": f"{split.HORIZON_CHECK_STEPS}-step runs", "seen": True,
+                      "fit_set": hz_fit,
                       "check_set": hz_check, "targets": targets(hz_fit)})
     # the second check (fresh runs)
     fresh_fit = [r for r in runs if _hidden(r) in split.FRESH_FIT_HIDDEN
@@ -124,7 +126,8 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
         start = float(np.mean([r.eval_loss[0] for r in post(fresh_fit)]))
         plans.append({"what": "fresh size",
                       "fit": "hidden " + ", ".join(map(str, split.FRESH_FIT_HIDDEN)),
-                      "check": f"hidden {split.FRESH_SIZE_HIDDEN}", "fit_set": fresh_fit,
+                      "check": f"hidden {split.FRESH_SIZE_HIDDEN}", "seen": False,
+                      "fit_set": fresh_fit,
                       "check_set": fresh_size,
                       "targets": split.targets(start, min(r.final_loss
                                                           for r in post(same_length)))})
@@ -134,7 +137,8 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
                        default=math.nan) for h in {_hidden(r) for r in long_check}}
         plans.append({"what": "fresh horizon",
                       "fit": f"runs of at most {split.LONG_FIT_MAX_STEPS} steps",
-                      "check": f"{split.LONG_CHECK_STEPS}-step runs", "fit_set": fresh_fit,
+                      "check": f"{split.LONG_CHECK_STEPS}-step runs", "seen": False,
+                      "fit_set": fresh_fit,
                       "check_set": long_check, "targets": functools.partial(_long_targets, best)})
     return plans
 
@@ -150,7 +154,8 @@ def _run_check(plan: dict[str, Any], fmin: float, draws: int,
                fixed: dict[str, float] | None) -> dict[str, Any]:
     c = fitting.check(plan["fit_set"], plan["check_set"], floor_min=fmin, draws=draws,
                       fixed=fixed, targets=plan["targets"])
-    return {"what": plan["what"], "fit": plan["fit"], "check": plan["check"], **c}
+    return {"what": plan["what"], "fit": plan["fit"], "check": plan["check"],
+            "seen": plan["seen"], **c}
 
 
 def held_out_checks(runs: list[Run], fmin: float, draws: int = 20,
@@ -190,7 +195,8 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
         "on_bound": f["on_bound"],
         "fitted_range": fitted_range(studies, runs),
         "checks": [{k: c[k] for k in ("what", "fit", "check", "points", "median_abs_error",
-                                      "worst_abs_error", "inside_band")} for c in checks],
+                                      "worst_abs_error", "inside_band", "seen")}
+                   for c in checks],
     }
     parse(profile, "scaling", str(out))  # what is written is what a scenario accepts
     header = (f"# simfed calibrate --convergence {names} ({_dt.date.today().isoformat()})\n"
@@ -231,10 +237,11 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
     if profile["on_bound"]:
         lines.append(f"  ON A BOUND of its range: {', '.join(profile['on_bound'])}")
     for c in checks:
+        how = "seen before the model was fixed" if c.get("seen") else "held out"
         if c["median_abs_error"] is None:
-            lines.append(f"  held out, {c['what']}: no check run reaches a target")
+            lines.append(f"  {how}, {c['what']}: no check run reaches a target")
             continue
-        lines.append(f"  held out, {c['what']} (fit {c['fit']}, check {c['check']}): median "
+        lines.append(f"  {how}, {c['what']} (fit {c['fit']}, check {c['check']}): median "
                      f"|steps-to-target error| {c['median_abs_error']:.1%}, worst "
                      f"{c['worst_abs_error']:.1%}, {c['inside_band']:.0%} inside [p10, p90] "
                      f"over {c['points']} points")

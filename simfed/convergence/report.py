@@ -236,7 +236,8 @@ def _report(args: argparse.Namespace) -> None:
             # reports the bands)
             for c in held_out_checks(study_runs(sizes), floor_min(sizes), draws=0,
                                      fixed=fixed_params(sizes)):
-                print(f"held out, {c['what']} (fit {c['fit']}, check {c['check']}): "
+                how = "seen before the model was fixed" if c["seen"] else "held out"
+                print(f"{how}, {c['what']} (fit {c['fit']}, check {c['check']}): "
                       f"{c['points']} points, median |steps-to-target error| "
                       + (f"{c['median_abs_error']:.1%}, worst {c['worst_abs_error']:.1%}"
                          if c["median_abs_error"] is not None else "-"))
