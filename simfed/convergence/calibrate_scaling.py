@@ -152,8 +152,11 @@ def _long_targets(best: dict[int, float], r: Run) -> list[float]:
 
 def _run_check(plan: dict[str, Any], fmin: float, draws: int,
                fixed: dict[str, float] | None) -> dict[str, Any]:
-    c = fitting.check(plan["fit_set"], plan["check_set"], floor_min=fmin, draws=draws,
-                      fixed=fixed, targets=plan["targets"])
+    """One check: fit, bootstrap refits for the band (none for a check whose runs were seen
+    before the model was fixed: its band is the fit's residual spread alone), predict."""
+    c = fitting.check(plan["fit_set"], plan["check_set"], floor_min=fmin,
+                      draws=0 if plan["seen"] else draws, fixed=fixed,
+                      targets=plan["targets"])
     return {"what": plan["what"], "fit": plan["fit"], "check": plan["check"],
             "seen": plan["seen"], **c}
 
