@@ -203,7 +203,7 @@ def scaling_profile(tmp_path_factory):
         paths.append(p)
     out = d / "profile.yaml"
     lines = calibrate_convergence(paths, out, d / "report.json", draws=2)
-    assert any("held out, across size" in line for line in lines)
+    assert any("seen before the model was fixed, across size" in line for line in lines)
     return yaml.safe_load(out.read_text())
 
 
@@ -225,9 +225,15 @@ def test_calibrated_profile_predicts_time_to_target(scaling_profile):
 
     assert scaling_profile["model"] == "scaling"
     assert [c["what"] for c in scaling_profile["checks"]] == ["across size"]
+    assert scaling_profile["checks"][0]["seen"] is True  # split.py's first check: seen
     scn = scaling_scenario(scaling_profile, **{"convergence.target_loss": 3.5})
     out, _ = simulate(scn)
     conv = out["convergence"]
+    from simfed.analysis.report import convergence_lines
+
+    said = " | ".join(convergence_lines(out))
+    assert "development check (its runs seen before the model was fixed) across size" in said
+    assert "how sure (time to target): held out" not in said
     assert conv["model"] == "scaling" and conv["rule"].startswith("a federated run")
     for a in out["algorithms"]:
         s = a["steps_to_target"]
