@@ -208,7 +208,7 @@ def print_report(out: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     console.print(results_table(out))
     for line in explain(out) + convergence_lines(out):
-        console.print("  " + line, highlight=False)
+        console.print("  " + line, highlight=False, markup=False)  # "[p10, p90]" is text
 
 
 def dumps(out: dict[str, Any]) -> str:

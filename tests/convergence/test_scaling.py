@@ -8,6 +8,7 @@ three sizes and predicts a fourth size it never saw."""
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
@@ -234,6 +235,13 @@ def test_calibrated_profile_predicts_time_to_target(scaling_profile):
     said = " | ".join(convergence_lines(out))
     assert "development check (its runs seen before the model was fixed) across size" in said
     assert "how sure (time to target): held out" not in said
+    from rich.console import Console
+
+    from simfed.analysis.report import print_report
+
+    con = Console(record=True, width=300, file=io.StringIO())
+    print_report(out, con)
+    assert "inside [p10, p90]" in con.export_text()  # printed as text, not rich markup
     assert conv["model"] == "scaling" and conv["rule"].startswith("a federated run")
     for a in out["algorithms"]:
         s = a["steps_to_target"]
