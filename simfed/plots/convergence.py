@@ -116,24 +116,30 @@ SIZE_KEYS = (("fsdp/n32/k0/lr0.003", "FSDP, 128 sequences"),
 
 
 def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
-    """The size study's central comparison, one panel per model size: measured eval loss
-    against steps at lr 3e-3 for FSDP, FL+FSDP and one group alone (every seed, 128 and 512
-    steps), with the data's unigram loss, where the small models stall."""
-    studies = sorted(studies, key=lambda st: st["model"].get("non_embedding_params") or 0)
-    fig = new_figure(4.0 * len(studies), 4.0)
-    axes = fig.subplots(1, len(studies), sharey=True, squeeze=False)[0]
+    """The size study's central comparison, one panel per model size (every file of that
+    model together): measured eval loss against steps at lr 3e-3 for FSDP, FL+FSDP and one
+    group alone (every seed; 128-step runs solid, longer ones dashed and dotted), with the
+    data's unigram loss, where the small models stall."""
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for st in sorted(studies, key=lambda st: st["model"].get("non_embedding_params") or 0):
+        by_model.setdefault(st["model"]["name"], []).append(st)
+    fig = new_figure(4.0 * len(by_model), 4.0)
+    axes = fig.subplots(1, len(by_model), sharey=True, squeeze=False)[0]
     colors = ("#4c72b0", "#2a9d5c", "#8c8c8c")
-    for ax, st in zip(axes, studies, strict=True):
+    lengths = sorted({int(r["steps"]) for st in studies for r in st["runs"]} - {128})
+    styles = dict(zip(lengths, ("--", ":", "-."), strict=False))
+    for ax, group in zip(axes, by_model.values(), strict=True):
         for (key, label), color in zip(SIZE_KEYS, colors, strict=True):
             first = True
-            for r in st["runs"]:
+            for r in (r for st in group for r in st["runs"]):
                 if r["key"].split("/s")[0] != key.split("/s")[0] or not r["key"].startswith(key):
                     continue
                 ax.plot(r["eval_steps"], r["eval_loss"], color=color, linewidth=1.0,
                         alpha=0.9 if r["seed"] == 0 else 0.45,
-                        linestyle="-" if r["steps"] <= 128 else "--",
+                        linestyle=styles.get(int(r["steps"]), "-"),
                         label=label if first else None)
                 first = False
+        st = group[0]
         u = st["data"].get("unigram_loss_nats")
         if u:
             ax.axhline(u, color="#c44e52", linestyle=":", linewidth=1, label="unigram loss")
@@ -141,7 +147,9 @@ def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
         ax.set_title(f"{st['model']['name']} ({n / 1e6:.3g}M non-embedding)", fontsize=9)
         ax.set_xscale("symlog", linthresh=16)
         ax.set_xlim(left=0)
-        ax.set_xlabel("optimizer steps (dashed: 512-step runs)")
+        names = {"--": "dashed", ":": "dotted", "-.": "dash-dot"}
+        longer = ", ".join(f"{names[v]}: {k}" for k, v in styles.items())
+        ax.set_xlabel("optimizer steps" + (f" ({longer} steps)" if longer else ""))
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("eval loss (nats)")
     axes[0].legend(fontsize=7)
