@@ -19,6 +19,7 @@ and the limit; nothing here can hang, exhaust memory or raise anything else:
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,14 @@ class _Loader(yaml.SafeLoader):
                                    "YAML would keep only the last)", key_node.start_mark)
                 seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's floats: 3e-5 and 1E+3 are numbers (YAML 1.1, PyYAML's default, reads a float
+# without a dot as a string: `lr: 3e-5` was refused as "expected a number")
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)$"),
+    list("-+0123456789"))
 
 
 def expanded_size(data: Any, source: str) -> int:

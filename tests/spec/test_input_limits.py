@@ -186,3 +186,14 @@ def test_algorithm_lookup_prefers_labels_and_refuses_ambiguity(tmp_path):
     assert scn.algorithm("B").label == "B"
     assert "ambiguous" in _err(scn.algorithm, "fsdp")
     assert "empty" in _err(scn.algorithm, "")
+
+
+def test_exponent_floats_without_a_dot_are_numbers():
+    """YAML 1.2's floats (3e-5) in scenario files and --set values, not strings."""
+    from simfed.spec.overrides import parse_sets
+    from simfed.spec.yamlio import parse_yaml
+
+    assert parse_yaml("lr: 3e-5\nb: 1E+3\nc: -2e3\nd: 1e5x\n", "x") == {
+        "lr": 3e-5, "b": 1000.0, "c": -2000.0, "d": "1e5x"}
+    assert parse_sets(["convergence.data_constants.optimal_lr=3e-5"]) == {
+        "convergence.data_constants.optimal_lr": 3e-5}
