@@ -231,6 +231,26 @@ def long_points() -> tuple[RunPoint, ...]:
                  (("fsdp", 32, 0), ("fl_fsdp", 32, 8), ("fsdp", 1, 0)))
 
 
+# The third check, fixed before any of its runs was made: a fresh size again (hidden 512, 5.9M
+# non-embedding parameters, 1.8x the largest fitted) on a reduced grid, and the three central
+# shapes at 4096 steps at hidden 64 (2x the longest fitted).
+THIRD_SIZE = {512: 1408}
+
+
+def third_size_points() -> tuple[RunPoint, ...]:
+    lr = SIZE_LR
+    return (RunPoint("fsdp", 32, lr=lr, seeds=(0,)),
+            RunPoint("fl_fsdp", 32, 8, lr, seeds=(0,)),
+            RunPoint("fsdp", 1, lr=lr, seeds=(0, 1)),
+            RunPoint("fsdp", 32, lr=1e-3, seeds=(0,)),
+            RunPoint("fl_fsdp", 4, 4, lr, seeds=(0,)))
+
+
+def longer_points() -> tuple[RunPoint, ...]:
+    return tuple(RunPoint(a, n, k, SIZE_LR, steps=4096, seeds=(0,)) for a, n, k in
+                 (("fsdp", 32, 0), ("fl_fsdp", 32, 8), ("fsdp", 1, 0)))
+
+
 def size_base(hidden: int, ffn: int) -> dict[str, Any]:
     return {"data.source": "kjv", "training.steps": 128, "training.warmup_steps": 13,
             "training.eval_sequences": 256, "model.name": f"llama-h{hidden}",
@@ -248,6 +268,13 @@ EXPERIMENTS = (
                  "the 512-step shapes at 2048 steps (the second check past the horizon)",
                  base=size_base(h, SIZES[h]), points=long_points(), evals_per_run=32)
       for h in (64, 128)),
+    *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): the "
+                 "fresh size of the third check (reduced grid at lr 3e-3 and 1e-3)",
+                 base=size_base(h, ffn), points=third_size_points(), evals_per_run=16)
+      for h, ffn in THIRD_SIZE.items()),
+    Experiment("kjv-h64-longer", "Llama, 2 layers, hidden 64, the King James Bible (bytes): the "
+               "512-step shapes at 4096 steps (the third check past the horizon)",
+               base=size_base(64, SIZES[64]), points=longer_points(), evals_per_run=64),
 )
 
 

@@ -22,7 +22,19 @@ runs was made, scores the model and fit as they stand at the commit that first r
 - fresh horizon: every 2048-step run (hidden 64 and 128) predicted by a profile fitted on every run
   of at most 512 steps at hidden 48 ... 256 (4x the longest fitted); targets per check run:
   LONG_FRACTIONS of the drop from its post-plateau start to the best final loss of the fit runs
-  of its size (1.1: beyond anything the fit set reached)."""
+  of its size (1.1: beyond anything the fit set reached).
+
+The third check (experiments kjv-h512, kjv-h64-longer), fixed the same way before any of its
+runs was made, scores the model and fit as they stand at the commit that first reads those
+runs, once:
+
+- third size: every run of hidden 512 (5.9M non-embedding parameters, 1.8x the largest
+  fitted) predicted by a profile fitted on every run of the seven files of the first two checks
+  (hidden 48 ... 384, 128 to 2048 steps); targets as the fresh size's, to the best final loss of
+  the fit set's 128-step runs;
+- third horizon: the 4096-step runs (hidden 64) predicted by a profile fitted on the same runs
+  (2x the longest fitted); targets as the fresh horizon's, to the best final loss of the fit
+  runs of its size."""
 
 from __future__ import annotations
 
@@ -39,6 +51,8 @@ FRESH_FIT_HIDDEN = (48, 64, 128, 256)
 LONG_CHECK_STEPS = 2048
 LONG_FIT_MAX_STEPS = 512
 LONG_FRACTIONS = (0.5, 0.75, 0.9, 1.0, 1.1)
+THIRD_SIZE_HIDDEN = 512
+LONGER_CHECK_STEPS = 4096
 
 
 def is_size_check(run: dict[str, Any]) -> bool:
