@@ -140,6 +140,29 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
                       "check": f"{split.LONG_CHECK_STEPS}-step runs", "seen": False,
                       "fit_set": fresh_fit,
                       "check_set": long_check, "targets": functools.partial(_long_targets, best)})
+    # the third check (fresh runs again), fitted on every run of the first two checks' files
+    third_fit = [r for r in runs if _hidden(r) in (*split.FRESH_FIT_HIDDEN, split.FRESH_SIZE_HIDDEN)
+                 and int(r.tags["steps"]) <= split.LONG_CHECK_STEPS]
+    third_size = [r for r in scored if _hidden(r) == split.THIRD_SIZE_HIDDEN]
+    if third_fit and third_size:
+        same_length = [r for r in third_fit if int(r.tags["steps"]) == split.HORIZON_FIT_STEPS]
+        start = float(np.mean([r.eval_loss[0] for r in post(third_fit)]))
+        plans.append({"what": "third size",
+                      "fit": "hidden " + ", ".join(map(str, (*split.FRESH_FIT_HIDDEN,
+                                                            split.FRESH_SIZE_HIDDEN))),
+                      "check": f"hidden {split.THIRD_SIZE_HIDDEN}", "seen": False,
+                      "fit_set": third_fit, "check_set": third_size,
+                      "targets": split.targets(start, min(r.final_loss
+                                                          for r in post(same_length)))})
+    longer = [r for r in scored if int(r.tags["steps"]) == split.LONGER_CHECK_STEPS]
+    if third_fit and longer:
+        best = {h: min((r.final_loss for r in post(third_fit) if _hidden(r) == h),
+                       default=math.nan) for h in {_hidden(r) for r in longer}}
+        plans.append({"what": "third horizon",
+                      "fit": f"runs of at most {split.LONG_CHECK_STEPS} steps",
+                      "check": f"{split.LONGER_CHECK_STEPS}-step runs", "seen": False,
+                      "fit_set": third_fit, "check_set": longer,
+                      "targets": functools.partial(_long_targets, best)})
     return plans
 
 

@@ -333,8 +333,19 @@ def test_check_plans_follow_the_split():
     runs = [run(h, n, 3.0 - h / 1000 - n / 10000) for h in (48, 64, 128, 256)
             for n in (128, 512)]
     runs += [run(384, 128, 2.5), run(64, 2048, 2.0), run(128, 2048, 1.9)]
+    runs += [run(512, 128, 2.4), run(64, 4096, 1.8)]
     plans = {p["what"]: p for p in check_plans(runs)}
-    assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon"]
+    assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
+                           "third size", "third horizon"]
+    assert [p["seen"] for p in plans.values()] == [True, True, False, False, False, False]
+    third = {r.key for r in plans["third size"]["fit_set"]}
+    assert third == {r.key for r in runs} - {"h512/s128", "h64/s4096"}
+    assert plans["third horizon"]["fit_set"] == plans["third size"]["fit_set"]
+    assert {r.key for r in plans["third size"]["check_set"]} == {"h512/s128"}
+    assert {r.key for r in plans["third horizon"]["check_set"]} == {"h64/s4096"}
+    # the third horizon's h64 target goes to its best fit run: the 2048-step one (2.0)
+    long64 = plans["third horizon"]["check_set"][0]
+    assert plans["third horizon"]["targets"](long64)[3] == pytest.approx(2.0)
     key = {k: {r.key for r in p["check_set"]} for k, p in plans.items()}
     assert key["across size"] == {"h256/s128", "h256/s512"}
     assert key["past the horizon"] == {f"h{h}/s512" for h in (48, 64, 128, 256)}
