@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, StrictBool
 
 from ..spec import SpecError
 from ..spec.models import FrozenModel
@@ -125,7 +125,7 @@ class Check(FrozenModel):
     inside_band: Num | None = Field(None, ge=0, le=1)
     # the check set had been looked at before the model scored on it was fixed: development
     # data, not a held-out measurement (the "how sure" line says so)
-    seen: bool = False
+    seen: StrictBool = False
 
 
 class ProfileV2(FrozenModel):
