@@ -7,6 +7,7 @@ looked up."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -338,9 +339,13 @@ def _convergence_figures(m: _Maker, scenario: Path, studies: list[tuple[Path, di
     for study, data in studies:
         if is_size_study(data):
             continue
-        sweep = {r["batch_per_model"] for r in data.get("runs", []) if r["algorithm"] == "fsdp"}
+        lr = data["recipe"]["paper_lr"]  # the FL-grid figure is of the runs at this lr
+        sweep = {r["batch_per_model"] for r in data.get("runs", [])
+                 if r["algorithm"] == "fsdp" and math.isclose(r["lr"], lr)}
         if len(sweep) >= 2:  # a study with a batch sweep and an FL grid to set beside it
             m.save(plot_fl_grid(data), f"convergence_{study.stem}_fl_grid")
+        elif not any(math.isclose(r["lr"], lr) for r in data.get("runs", [])):
+            echo(f"note: {study}: no run at its paper lr {lr:g}: no FL-grid figure")
 
 
 @click.command("figures")

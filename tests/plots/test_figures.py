@@ -100,3 +100,19 @@ def test_a_damaged_validate_json_or_summary_is_one_line(tmp_path):
         res = _figures(results, tmp_path / "fig", "perplexity")
         assert res.exit_code == 2 and needle in res.output, res.output
         assert len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_a_study_with_no_run_at_its_paper_lr_draws_no_fl_grid(tmp_path):
+    """The FL-grid figure is of the runs at the study's paper lr: none there is a note, not a
+    crash (an IndexError on runs[0])."""
+    study = {k: v for k, v in synthetic_study(seeds=(0,)).items() if k != "path"}
+    study["recipe"] = {**study["recipe"], "paper_lr": 1e30}
+    results = tmp_path / "results"
+    (results / "convergence").mkdir(parents=True)
+    (results / "convergence" / "toy.json").write_text(json.dumps(study))
+    res = CliRunner().invoke(main, ["figures", "--scenario", str(TINY), "--out",
+                                    str(tmp_path / "fig"), "--results", str(results),
+                                    "--only", "convergence"])
+    assert res.exit_code == 0, res.output
+    assert "no run at its paper lr 1e+30: no FL-grid figure" in res.output
+    assert not list((tmp_path / "fig").glob("convergence_toy_fl_grid*"))
