@@ -54,7 +54,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
+
+from simfed.spec.yamlio import dump_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 450.0  # the whole check; the limit is 8 minutes on one GPU
@@ -346,7 +347,7 @@ def run_scenario(env: dict[str, Any], dry_run: bool) -> dict[str, Any]:
                "data": {"source": "synthetic"},
                "runtime": {"include": str(ROOT / profile)}}
         path = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-check-{os.getpid()}.yaml"
-        path.write_text(yaml.safe_dump(tmp, sort_keys=False))
+        path.write_text(dump_yaml(tmp, sort_keys=False))
         try:
             data = load_scenario_data(path)
         finally:
@@ -540,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     scenario_data = run_scenario(env, dry)
     scenario = results / "scenario.yaml"
     scenario.write_text("# the GPU check's scenario, includes resolved (realrun.gpu_check)\n"
-                        + yaml.safe_dump(scenario_data, sort_keys=False))
+                        + dump_yaml(scenario_data, sort_keys=False))
 
     def _micro() -> dict[str, Any]:
         m = micro_timings(device, dry)

@@ -14,10 +14,9 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..collectives import OPS
 from ..spec.scenario import Scenario
+from ..spec.yamlio import dump_yaml
 from .extrapolation import sample_ranges
 from .fit import FitResult, fit_all, optimizer_bytes_per_param
 from .samples import Samples, read_inputs
@@ -212,5 +211,5 @@ def write_profile(path: str | Path, profile: dict[str, Any], header: str = "") -
     from ..spec.paths import write_text_atomic
 
     text = "".join(f"# {line}\n" for line in header.splitlines())
-    text += yaml.safe_dump(profile, sort_keys=True, width=100)
+    text += dump_yaml(profile, sort_keys=True, width=100)
     return write_text_atomic(path, text)

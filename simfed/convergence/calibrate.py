@@ -11,11 +11,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..spec import SpecError
 from ..spec.paths import write_text_atomic
 from ..spec.study import is_size_study
+from ..spec.yamlio import dump_yaml
 from .fit import critical_batch, fit_profile, holdout, read_study
 
 BOOTSTRAP_DRAWS = 40
@@ -43,7 +42,7 @@ def calibrate_convergence(inputs: Iterable[Path], out: Path, report: Path,
     header = (f"# simfed calibrate --convergence {inputs[0]} ({_dt.date.today().isoformat()})\n"
               "# the noise-limited progress model (simfed/convergence/model.py); include it as "
               "a scenario's convergence.profile\n")
-    write_text_atomic(out, header + yaml.safe_dump(profile, sort_keys=False, width=100))
+    write_text_atomic(out, header + dump_yaml(profile, sort_keys=False, width=100))
     rep: dict[str, Any] = {"profile": profile, "holdout": check, "critical_batch": crit}
     write_text_atomic(report, json.dumps(rep, indent=2, sort_keys=True, allow_nan=False) + "\n")
     p = {k: math.exp(v) if k.startswith("log_") else v for k, v in profile["params"].items()}

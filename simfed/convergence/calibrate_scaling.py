@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from ..spec import SpecError
 from ..spec.paths import write_text_atomic
+from ..spec.yamlio import dump_yaml
 from . import fitting, scaling, split
 from .profile import PROFILE_V2, parse
 from .runs import Run, runs_of_study, segments
@@ -228,7 +228,7 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
     header = (f"# simfed calibrate --convergence {names} ({_dt.date.today().isoformat()})\n"
               "# the scaling model (simfed/convergence/scaling.py); include it as a scenario's "
               "convergence.profile\n")
-    write_text_atomic(out, header + yaml.safe_dump(profile, sort_keys=False, width=100))
+    write_text_atomic(out, header + dump_yaml(profile, sort_keys=False, width=100))
     rep = {"profile": profile, "checks": checks, "intervals": intervals(f)}
     write_text_atomic(report, json.dumps(rep, indent=2, sort_keys=True, allow_nan=False) + "\n")
     return [*summary_lines(profile, f, checks), f"wrote {out} and {report}"]

@@ -81,10 +81,21 @@ class _Loader(yaml.SafeLoader):
 
 # YAML 1.2's floats: 3e-5 and 1E+3 are numbers (YAML 1.1, PyYAML's default, reads a float
 # without a dot as a string: `lr: 3e-5` was refused as "expected a number")
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)$"),
-    list("-+0123456789"))
+_FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789"))
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper that quotes a string the loader above would read as a number
+    ("1e3"), so that what is written reads back as it was."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789"))
+
+
+def dump_yaml(data: Any, **kwargs: Any) -> str:
+    """yaml.safe_dump with this module's reading of numbers (see _Dumper)."""
+    return yaml.dump(data, Dumper=_Dumper, **kwargs)
 
 
 def expanded_size(data: Any, source: str) -> int:

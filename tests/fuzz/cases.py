@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
-import yaml
-
 from simfed.spec import limits
 from simfed.spec.loader import load_scenario_data
 from simfed.spec.scenario import Scenario
+from simfed.spec.yamlio import dump_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
@@ -310,7 +309,7 @@ def _base(name: str) -> dict[str, Any]:
 
 
 def _dump(data: Any) -> bytes:
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode("utf-8")
+    return dump_yaml(data, sort_keys=False, allow_unicode=True).encode("utf-8")
 
 
 def _run_argv(extra: list[str] | None = None) -> list[str]:
@@ -688,7 +687,7 @@ def _bomb_flow() -> str:
 
 def _with_description(text: str, desc: str) -> str:
     lines = [ln for ln in text.splitlines() if not ln.startswith("description:")]
-    return f"description: {yaml.safe_dump(desc, allow_unicode=True).splitlines()[0]}\n" + \
+    return f"description: {dump_yaml(desc, allow_unicode=True).splitlines()[0]}\n" + \
         "\n".join(lines) + "\n"
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from simfed.spec.yamlio import dump_yaml
+
 from .cases import EITHER, INVALID, ROOT, SCENARIOS, VALID, Case
 from .families import (
     DEEP,
@@ -513,7 +515,7 @@ def _plain(doc: Any) -> Any:
 def _flow(data: Any) -> bytes:
     """YAML in flow style: reads back as the same values, and a file cut short does not
     parse."""
-    return yaml.safe_dump(data, default_flow_style=True, width=10**9, sort_keys=False).encode()
+    return dump_yaml(data, default_flow_style=True, width=10**9, sort_keys=False).encode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,7 +580,7 @@ def profile_case(fam: Families) -> Case:
         what = f"{what} (profile included)"
     else:
         conv = doc
-    files["s.yaml"] = yaml.safe_dump(_plain(scenario(conv, model)), sort_keys=False).encode()
+    files["s.yaml"] = dump_yaml(_plain(scenario(conv, model)), sort_keys=False).encode()
     argv = ["run", "{dir}/s.yaml", "-q", "--json", "{dir}/o.json"]
     return fam.case("profile", f"{form}: {what}", expect, files, argv, ("o.json",),
                     specials=specials)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
+from simfed.spec.yamlio import dump_yaml
 
 from .cases import EITHER, INVALID, ROOT, SCENARIOS, VALID, Case
 
@@ -316,7 +316,7 @@ def published_scenario() -> bytes:
 
     data = load_scenario_data(CPU4)
     data["training"]["steps"] = 2
-    return yaml.safe_dump(data).encode()
+    return dump_yaml(data).encode()
 
 
 def published_files() -> dict[str, Any]:
@@ -555,10 +555,10 @@ class Families:
                                               forbid_extra=("cases[*]", "cases[*].published"))
         text = body  # a damaged file as it is; else as YAML (NaN: .nan, a number in YAML)
         if what not in WHOLE_NAMES:
-            text = yaml.safe_dump(json.loads(body)).encode()
+            text = dump_yaml(json.loads(body)).encode()
         if what == "empty":
             expect = EITHER  # an empty file is a folder without entries of that kind
-        folder = {f"pub/{n}": (text if n == name else yaml.safe_dump(v).encode())
+        folder = {f"pub/{n}": (text if n == name else dump_yaml(v).encode())
                   for n, v in files.items()}
         folder["pub/s.yaml"] = published_scenario()
         argv = ["validate", "--published", "{dir}/pub", "--json", "{dir}/out.json"]
@@ -644,7 +644,7 @@ class Families:
                                    dumps(bench_summary()), "run.json": dumps(run_results())}
         if name.startswith("validate"):
             for n, v in published_files().items():
-                files[f"pub/{n}"] = yaml.safe_dump(v).encode()
+                files[f"pub/{n}"] = dump_yaml(v).encode()
             files["pub/s.yaml"] = published_scenario()
         specials: dict[str, str] = {}
         out = "o"

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from simfed.spec.scenario import Scenario
+from simfed.spec.yamlio import dump_yaml
 
 from .cases import INVALID, VALID, Case, Generator, generate, kinds, schema_keys
 from .runner import BAD, _init_worker, run_case, run_cases, summarise
@@ -107,9 +108,8 @@ def _init_worker_signals_only():
 def _case(expect, argv=None, files=None, outputs=("out/result.json",)):
     g = Generator(0)
     data = g.bases["cpu4"]
-    import yaml
 
-    files = files or {"s.yaml": yaml.safe_dump(data).encode()}
+    files = files or {"s.yaml": dump_yaml(data).encode()}
     return Case(1, "test", "test", expect, files,
                 argv or ["run", "{dir}/s.yaml", "-q", "--json", "{dir}/out/result.json"],
                 outputs)

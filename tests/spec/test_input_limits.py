@@ -197,3 +197,8 @@ def test_exponent_floats_without_a_dot_are_numbers():
         "lr": 3e-5, "b": 1000.0, "c": -2000.0, "d": "1e5x"}
     assert parse_sets(["convergence.data_constants.optimal_lr=3e-5"]) == {
         "convergence.data_constants.optimal_lr": 3e-5}
+    # what simfed writes reads back as it was: a string that looks like such a number is quoted
+    from simfed.spec.yamlio import dump_yaml
+
+    data = {"name": "1e3", "lr": 3e-5, "n": 2, "v": "2.20"}
+    assert "'1e3'" in dump_yaml(data) and parse_yaml(dump_yaml(data), "x") == data
