@@ -173,9 +173,12 @@ SIZE_LR = 3e-3
 SIZES = {48: 132, 64: 176, 128: 352, 256: 704}  # hidden -> SwiGLU hidden (2.75x, tiny.yaml's)
 
 
-def size_model(hidden: int) -> dict[str, Any]:
-    return {"model.name": f"llama-h{hidden}", "model.hidden": hidden, "model.layers": 2,
-            "model.ffn_hidden": SIZES[hidden], "model.heads": 4, "model.kv_heads": 2}
+def size_base(hidden: int, ffn: int) -> dict[str, Any]:
+    """The size study's scenario overrides for one model size (SwiGLU hidden `ffn`)."""
+    return {"data.source": "kjv", "training.steps": 128, "training.warmup_steps": 13,
+            "training.eval_sequences": 256, "model.name": f"llama-h{hidden}",
+            "model.hidden": hidden, "model.layers": 2, "model.ffn_hidden": ffn,
+            "model.heads": 4, "model.kv_heads": 2}
 
 
 def size_points(hidden: int) -> tuple[RunPoint, ...]:
@@ -199,10 +202,7 @@ EXPERIMENTS = (
     *EXPERIMENTS,
     *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): lr "
                  "sweep, batch sweep with noise scale, FL grid at lr 3e-3, 512-step runs, seeds",
-                 base={"data.source": "kjv", "training.steps": 128,
-                       "training.warmup_steps": 13, "training.eval_sequences": 256,
-                       **size_model(h)},
-                 points=size_points(h), evals_per_run=16)
+                 base=size_base(h, SIZES[h]), points=size_points(h), evals_per_run=16)
       for h in SIZES),
 )
 
@@ -226,8 +226,9 @@ def fresh_size_points() -> tuple[RunPoint, ...]:
             RunPoint("fsdp", 1, lr=lr, seeds=(2,)))
 
 
-def long_points() -> tuple[RunPoint, ...]:
-    return tuple(RunPoint(a, n, k, SIZE_LR, steps=2048, seeds=(0,)) for a, n, k in
+def long_points(steps: int) -> tuple[RunPoint, ...]:
+    """The three central shapes (FSDP on 128, FL+FSDP 32 x 4 with K = 8, one group) at `steps`."""
+    return tuple(RunPoint(a, n, k, SIZE_LR, steps=steps, seeds=(0,)) for a, n, k in
                  (("fsdp", 32, 0), ("fl_fsdp", 32, 8), ("fsdp", 1, 0)))
 
 
@@ -246,18 +247,6 @@ def third_size_points() -> tuple[RunPoint, ...]:
             RunPoint("fl_fsdp", 4, 4, lr, seeds=(0,)))
 
 
-def longer_points() -> tuple[RunPoint, ...]:
-    return tuple(RunPoint(a, n, k, SIZE_LR, steps=4096, seeds=(0,)) for a, n, k in
-                 (("fsdp", 32, 0), ("fl_fsdp", 32, 8), ("fsdp", 1, 0)))
-
-
-def size_base(hidden: int, ffn: int) -> dict[str, Any]:
-    return {"data.source": "kjv", "training.steps": 128, "training.warmup_steps": 13,
-            "training.eval_sequences": 256, "model.name": f"llama-h{hidden}",
-            "model.hidden": hidden, "model.layers": 2, "model.ffn_hidden": ffn,
-            "model.heads": 4, "model.kv_heads": 2}
-
-
 EXPERIMENTS = (
     *EXPERIMENTS,
     *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): the "
@@ -266,7 +255,7 @@ EXPERIMENTS = (
       for h, ffn in FRESH_SIZE.items()),
     *(Experiment(f"kjv-h{h}-long", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): "
                  "the 512-step shapes at 2048 steps (the second check past the horizon)",
-                 base=size_base(h, SIZES[h]), points=long_points(), evals_per_run=32)
+                 base=size_base(h, SIZES[h]), points=long_points(2048), evals_per_run=32)
       for h in (64, 128)),
     *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): the "
                  "fresh size of the third check (reduced grid at lr 3e-3 and 1e-3)",
@@ -274,7 +263,7 @@ EXPERIMENTS = (
       for h, ffn in THIRD_SIZE.items()),
     Experiment("kjv-h64-longer", "Llama, 2 layers, hidden 64, the King James Bible (bytes): the "
                "512-step shapes at 4096 steps (the third check past the horizon)",
-               base=size_base(64, SIZES[64]), points=longer_points(), evals_per_run=64),
+               base=size_base(64, SIZES[64]), points=long_points(4096), evals_per_run=64),
 )
 
 

@@ -117,52 +117,44 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
                       "check": f"{split.HORIZON_CHECK_STEPS}-step runs", "seen": True,
                       "fit_set": hz_fit,
                       "check_set": hz_check, "targets": targets(hz_fit)})
-    # the second check (fresh runs)
-    fresh_fit = [r for r in runs if _hidden(r) in split.FRESH_FIT_HIDDEN
-                 and int(r.tags["steps"]) <= split.LONG_FIT_MAX_STEPS]
-    fresh_size = [r for r in scored if _hidden(r) == split.FRESH_SIZE_HIDDEN]
-    if fresh_fit and fresh_size:
-        same_length = [r for r in fresh_fit if int(r.tags["steps"]) == split.HORIZON_FIT_STEPS]
-        start = float(np.mean([r.eval_loss[0] for r in post(fresh_fit)]))
-        plans.append({"what": "fresh size",
-                      "fit": "hidden " + ", ".join(map(str, split.FRESH_FIT_HIDDEN)),
-                      "check": f"hidden {split.FRESH_SIZE_HIDDEN}", "seen": False,
-                      "fit_set": fresh_fit,
-                      "check_set": fresh_size,
-                      "targets": split.targets(start, min(r.final_loss
-                                                          for r in post(same_length)))})
-    long_check = [r for r in scored if int(r.tags["steps"]) == split.LONG_CHECK_STEPS]
-    if fresh_fit and long_check:
-        best = {h: min((r.final_loss for r in post(fresh_fit) if _hidden(r) == h),
-                       default=math.nan) for h in {_hidden(r) for r in long_check}}
-        plans.append({"what": "fresh horizon",
-                      "fit": f"runs of at most {split.LONG_FIT_MAX_STEPS} steps",
-                      "check": f"{split.LONG_CHECK_STEPS}-step runs", "seen": False,
-                      "fit_set": fresh_fit,
-                      "check_set": long_check, "targets": functools.partial(_long_targets, best)})
-    # the third check (fresh runs again), fitted on every run of the first two checks' files
-    third_fit = [r for r in runs if _hidden(r) in (*split.FRESH_FIT_HIDDEN, split.FRESH_SIZE_HIDDEN)
-                 and int(r.tags["steps"]) <= split.LONG_CHECK_STEPS]
-    third_size = [r for r in scored if _hidden(r) == split.THIRD_SIZE_HIDDEN]
-    if third_fit and third_size:
-        same_length = [r for r in third_fit if int(r.tags["steps"]) == split.HORIZON_FIT_STEPS]
-        start = float(np.mean([r.eval_loss[0] for r in post(third_fit)]))
-        plans.append({"what": "third size",
-                      "fit": "hidden " + ", ".join(map(str, (*split.FRESH_FIT_HIDDEN,
-                                                            split.FRESH_SIZE_HIDDEN))),
-                      "check": f"hidden {split.THIRD_SIZE_HIDDEN}", "seen": False,
-                      "fit_set": third_fit, "check_set": third_size,
-                      "targets": split.targets(start, min(r.final_loss
-                                                          for r in post(same_length)))})
-    longer = [r for r in scored if int(r.tags["steps"]) == split.LONGER_CHECK_STEPS]
-    if third_fit and longer:
-        best = {h: min((r.final_loss for r in post(third_fit) if _hidden(r) == h),
-                       default=math.nan) for h in {_hidden(r) for r in longer}}
-        plans.append({"what": "third horizon",
-                      "fit": f"runs of at most {split.LONG_CHECK_STEPS} steps",
-                      "check": f"{split.LONGER_CHECK_STEPS}-step runs", "seen": False,
-                      "fit_set": third_fit, "check_set": longer,
-                      "targets": functools.partial(_long_targets, best)})
+    # the second and third checks (fresh runs), each fitted on every run the checks before it
+    # had, up to a size and a run length
+    plans += _fresh_plans(runs, scored, ("fresh size", "fresh horizon"), split.FRESH_FIT_HIDDEN,
+                          split.LONG_FIT_MAX_STEPS, split.FRESH_SIZE_HIDDEN,
+                          split.LONG_CHECK_STEPS)
+    plans += _fresh_plans(runs, scored, ("third size", "third horizon"),
+                          (*split.FRESH_FIT_HIDDEN, split.FRESH_SIZE_HIDDEN),
+                          split.LONG_CHECK_STEPS, split.THIRD_SIZE_HIDDEN,
+                          split.LONGER_CHECK_STEPS)
+    return plans
+
+
+def _fresh_plans(runs: list[Run], scored: list[Run], names: tuple[str, str],
+                 fit_hidden: tuple[int, ...], fit_max_steps: int, size_hidden: int,
+                 long_steps: int) -> list[dict[str, Any]]:
+    """One held-out check of split.py past the first: a fresh size (targets: split.targets of
+    the drop to the best final loss of the fit set's 128-step runs) and a fresh horizon
+    (targets per run: _long_targets), both fitted on the runs of `fit_hidden` of at most
+    `fit_max_steps` steps."""
+    fit_set = [r for r in runs if _hidden(r) in fit_hidden
+               and int(r.tags["steps"]) <= fit_max_steps]
+    post = [r for r in fit_set if r.shape.segment != "pre"]
+    size_check = [r for r in scored if _hidden(r) == size_hidden]
+    long_check = [r for r in scored if int(r.tags["steps"]) == long_steps]
+    plans: list[dict[str, Any]] = []
+    common = {"seen": False, "fit_set": fit_set}
+    if fit_set and size_check:
+        start = float(np.mean([r.eval_loss[0] for r in post]))
+        best = min(r.final_loss for r in post if int(r.tags["steps"]) == split.HORIZON_FIT_STEPS)
+        plans.append({"what": names[0], "fit": "hidden " + ", ".join(map(str, fit_hidden)),
+                      "check": f"hidden {size_hidden}", "check_set": size_check,
+                      "targets": split.targets(start, best), **common})
+    if fit_set and long_check:
+        best_of = {h: min((r.final_loss for r in post if _hidden(r) == h), default=math.nan)
+                   for h in {_hidden(r) for r in long_check}}
+        plans.append({"what": names[1], "fit": f"runs of at most {fit_max_steps} steps",
+                      "check": f"{long_steps}-step runs", "check_set": long_check,
+                      "targets": functools.partial(_long_targets, best_of), **common})
     return plans
 
 

@@ -188,15 +188,13 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     progress1 = np.zeros_like(progress)  # stage 1's own progress (its own optimal lr)
     loss = np.broadcast_to(l0, progress.shape).copy()
     out[:, :, 0] = loss
+    tokens = b * g_eff  # the groups' average learns as one model on G_eff x b tokens a step
     for i in range(blocks):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
-        # the groups' average learns as one model on G_eff x b tokens a step
-        s2 = b * g_eff / (b * g_eff + b_noise)
-        q = np.ones_like(s2)
-        s1 = np.sqrt(s2)
-        progress = np.maximum(progress + _step(sum_lr[:, i], sum_lr2[:, i], lr_star, s1, q,
+        s1 = np.sqrt(tokens / (tokens + b_noise))
+        progress = np.maximum(progress + _step(sum_lr[:, i], sum_lr2[:, i], lr_star, s1,
                                                width[i]), 0.0)
-        progress1 = np.maximum(progress1 + _step(sum_lr[:, i], sum_lr2[:, i], lr_star1, s1, q,
+        progress1 = np.maximum(progress1 + _step(sum_lr[:, i], sum_lr2[:, i], lr_star1, s1,
                                                  width[i]), 0.0)
         loss = (floor_pre + span2 * np.power(1.0 + progress / pc, -alpha)
                 + span1 * np.exp(-progress1 / p1))
@@ -216,19 +214,19 @@ def _widths(bounds: list[np.ndarray], blocks: int) -> np.ndarray:
 
 
 def _step(sum_lr: np.ndarray, sum_lr2: np.ndarray, lr_star: np.ndarray, s: np.ndarray,
-          q: np.ndarray, steps: np.ndarray) -> np.ndarray:
+          steps: np.ndarray) -> np.ndarray:
     """A block's progress: the sum over its steps of r(x) with x = lr / eta*. quadratic:
-    r = 2 x s - x^2 q (McCandlish et al. 2018's second-order step); lorentzian: r = 2 x s /
-    (1 + x^2 q / s^2), equal to it to first order in x and at its optimum (x = s for one model,
-    r = s^2), with a flatter top and tail above the optimum (the size study's runs lose far
-    less at 3x their best learning rate than the quadratic says). In a block of n steps the
-    lorentzian takes the block's mean x."""
+    r = 2 x s - x^2 (McCandlish et al. 2018's second-order step); lorentzian: r = 2 x s /
+    (1 + x^2 / s^2), equal to it to first order in x and at its optimum (x = s, r = s^2), with
+    a flatter top and tail above the optimum (the size study's runs lose far less at 3x their
+    best learning rate than the quadratic says). In a block of n steps the lorentzian takes the
+    block's mean x."""
     sx = sum_lr[None, :] / lr_star
     if RESPONSE == "quadratic":
-        return 2.0 * sx * s - (sum_lr2[None, :] / (lr_star * lr_star)) * q
+        return 2.0 * sx * s - sum_lr2[None, :] / (lr_star * lr_star)
     n = steps[None, :]
     x = sx / n
-    return n * 2.0 * x * s / (1.0 + x * x * q / (s * s))
+    return n * 2.0 * x * s / (1.0 + x * x / (s * s))
 
 
 def optimal_lr(theta: np.ndarray, params: float) -> float:
