@@ -126,7 +126,7 @@ def loss_curves_many(theta: np.ndarray, shapes: list[Shape]) -> list[np.ndarray]
 def loss_at(theta: np.ndarray, shapes: list[Shape], at: list[np.ndarray],
             max_blocks: int = 2048) -> list[np.ndarray]:
     """Loss at the given steps of each shape, each (n, len(at[j])), integrating long runs in
-    at most about `max_blocks` blocks of steps: within a block the noise scale, and so s,
+    at most about `max_blocks` blocks of steps: within a block the noise scale and so s
     are those of its start, and the learning rate's sum and sum of squares are exact. A run of
     at most `max_blocks` steps is integrated step by step, as loss_curves_many."""
     bounds = []
