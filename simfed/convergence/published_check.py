@@ -13,6 +13,9 @@ What is predicted:
   that recipe.
 Error = predicted / measured steps - 1.
 
+Runs that diverged (`diverged`: a final loss over a nat above the best of the pool's runs of
+the same size and token budget) are neither fitted nor predicted: the model has no instability.
+
 What the model cannot take, and so is not predicted (counted in the report): runs with an outer
 optimizer (DiLoCo's Nesterov step; the model has plain averaging only), without a peak learning
 rate or a step count, with a warm start, or a schedule other than cosine/constant without its
@@ -45,6 +48,8 @@ CURVE_FRACTIONS = (0.5, 0.75, 0.9)
 # the FL term is not fitted on published runs (no averaged run is predicted)
 FIXED = {"log_fl_kappa": 0.0}
 NOISE_FIXED = {"log_noise_star": 0.0, "noise_loss_exponent": 0.0}
+DIVERGED_NATS = 1.0
+DIVERGED = "diverged (final loss over 1 nat above its cell's best; the model has no instability)"
 
 
 def _loss(value: float, metric: str) -> float | None:
@@ -93,7 +98,20 @@ def to_run(r: PubRun, src: ConvergenceSource) -> tuple[Run | None, str]:
         return None, "no evaluation point"
     return Run(key=r.name, shape=shape, eval_steps=(0, *(p[0] for p in pts)),
                eval_loss=(shape.loss_init, *(p[1] for p in pts)), source=src.pool,
-               tags={"split": r.split, "batch_published": r.batch_tokens is not None}), ""
+               tags={"split": r.split, "batch_published": r.batch_tokens is not None,
+                     "cell": (float(n), float(r.tokens or steps * batch))}), ""
+
+
+def diverged(runs: list[Run]) -> set[str]:
+    """Runs that diverged: a final loss more than DIVERGED_NATS above the best final loss of
+    its cell (the pool's runs of the same model size and token budget). The model has no
+    instability, so it neither fits nor predicts them. The rule reads measured losses only,
+    fit and check alike; the Step Law grid's fit runs end either within 0.35 nats of their
+    cell's best or 3.8 to 4.6 nats above it (a learning rate past the stable range)."""
+    best: dict[tuple[float, float], float] = {}
+    for r in runs:
+        best[r.tags["cell"]] = min(best.get(r.tags["cell"], math.inf), r.final_loss)
+    return {r.key for r in runs if r.final_loss > best[r.tags["cell"]] + DIVERGED_NATS}
 
 
 def _stretch(shape: Shape, steps: int) -> Shape:
@@ -187,6 +205,11 @@ def check_all(folder: Path = FOLDER, max_blocks: int = 256, fit_only: bool = Fal
                 skipped[why] = skipped.get(why, 0) + 1
                 continue
             by_pool.setdefault(src.pool, []).append(run)
+    for pool, rs in by_pool.items():
+        gone = diverged(rs)
+        if gone:
+            skipped[DIVERGED] = skipped.get(DIVERGED, 0) + len(gone)
+            by_pool[pool] = [r for r in rs if r.key not in gone]
     pools = [check_pool(p, rs, max_blocks, fit_only) for p, rs in sorted(by_pool.items())]
     errs = [abs(row["error"]) for p in pools for row in p["rows"]]
     finite = [e for e in errs if math.isfinite(e)]
