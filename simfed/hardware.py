@@ -6,7 +6,10 @@ is in bytes, seconds, FLOP/s and bytes per second.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from .spec.scenario import ClusterSpec, RuntimeSpec
 from .spec.units import GBps_to_Bps, GiB_to_bytes, gbps_to_Bps, tflops_to_flops, us_to_s
@@ -40,6 +43,8 @@ class Hardware:
     node_cores: tuple[frozenset[int], ...] = ()  # CPU testbeds: a node's host cores (or none)
     sms: int = 0  # streaming multiprocessors (0: not modelled)
     peak_flops_fp8: float = 0.0  # dense FP8 tensor-core peak (0: no FP8)
+    # fabric shared with other jobs: (nodes, share of the quiet inter-node bandwidth) knots
+    shared_bandwidth: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def from_spec(cls, cluster: ClusterSpec, runtime: RuntimeSpec) -> Hardware:
@@ -72,6 +77,7 @@ class Hardware:
             ranks_per_core=cluster.ranks_per_core,
             node_cores=cluster.node_cores(),
             sms=n.gpu.sms,
+            shared_bandwidth=tuple((float(a), float(b)) for a, b in f.shared_bandwidth),
         )
 
     @property
@@ -90,6 +96,16 @@ class Hardware:
         """NIC rails a collective's ring uses on one node: one per participating GPU (NCCL
         picks the NIC nearest each GPU), at most the node's rail count."""
         return max(1, min(local_ranks, self.rails))
+
+    def shared_bandwidth_share(self, nodes: int) -> float:
+        """Share of the quiet inter-node bandwidth a collective over `nodes` nodes gets on a
+        fabric shared with other jobs (`fabric.shared_bandwidth`): 1 inside a node or on a
+        fabric of its own; else the knots, piecewise-linear in log2(nodes), held at the ends."""
+        if nodes <= 1 or not self.shared_bandwidth:
+            return 1.0
+        pts = sorted(self.shared_bandwidth)
+        return float(np.interp(math.log2(nodes), [math.log2(a) for a, _ in pts],
+                               [f for _, f in pts]))
 
     # fabric capacities (nominal x efficiency), per link of each class
     @property

@@ -110,7 +110,8 @@ class NcclModel:
         if nodes <= 1:
             return nvl
         # the node's ring bytes E leave over the rails its GPUs use; NVLink carries (q-1)/q E
-        net = hw.rails_used(q) * hw.rail_Bps * hw.nic_efficiency
+        net = (hw.rails_used(q) * hw.rail_Bps * hw.nic_efficiency
+               * hw.shared_bandwidth_share(nodes))  # other jobs' traffic on a shared fabric
         return min(net, nvl * q / (q - 1)) if q > 1 else net
 
     def candidates(self, op: str, nbytes: float, n: int, nodes: int) -> list[Choice]:

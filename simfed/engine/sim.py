@@ -211,7 +211,14 @@ class Simulation:
                                               ph.instances)
                 e_bytes *= factor
             latency *= calls  # each call pays the latency
-            demand = {c: d * e_bytes for c, d in load.demand_per_E.items()}
+            # on a fabric shared with other jobs the network links give this collective only
+            # a share of their bandwidth (fabric.shared_bandwidth, by the nodes it spans)
+            g = self.hw.gpus_per_node
+            share = self.hw.shared_bandwidth_share(
+                max(len({r // g for r in inst}) for inst in ph.instances)
+            ) if self.hw.shared_bandwidth else 1.0
+            demand = {c: d * e_bytes / (1.0 if self.links[c].kind == NVLINK else share)
+                      for c, d in load.demand_per_E.items()}
             # host work per byte (copies, reductions, the kernel's network stack): gloo does it
             # between its transfers, so it adds to the wire time
             latency += self.contention.collective_host_s(fop, intra, ph.e_factor * nbytes)

@@ -6,8 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from .schema import param
+
+# a knot of fabric.shared_bandwidth: [job nodes >= 1, share of the bandwidth in (0, 1]]
+SharedKnot = tuple[Annotated[float, Field(ge=1)], Annotated[float, Field(gt=0, le=1)]]
 
 # ---------------------------------------------------------------------------------------------
 # cluster
@@ -75,6 +81,12 @@ class FabricSpec:
     switch_capacity_Gbps: float = param(
         0.0, ge=0, doc="aggregate forwarding capacity of a leaf switch for the inter-node "
         "traffic of its nodes (0 = non-blocking); e.g. a software bridge")
+    shared_bandwidth: tuple[SharedKnot, ...] = param(
+        (), doc="a fabric shared with other jobs: the share of its quiet inter-node bandwidth a "
+        "collective over n nodes gets, as knots [nodes, share] piecewise-linear in log2(nodes) "
+        "and held beyond the first and last knot (measured as the ratio of NCCL all-reduce "
+        "bandwidth on the default InfiniBand service level to a quiet one); empty: a fabric "
+        "the job has to itself")
 
 
 @dataclass(frozen=True, kw_only=True)
