@@ -266,6 +266,23 @@ EXPERIMENTS = (
                base=size_base(64, SIZES[64]), points=long_points(4096), evals_per_run=64),
 )
 
+# The fourth check, fixed before any of its runs was made: a fresh size once more (hidden 640,
+# 9.2M non-embedding parameters, 1.6x the largest fitted) on the third size's grid, and FSDP's
+# and FL+FSDP's central shapes at 8192 steps at hidden 64 (4x the 2048-step runs its fit keeps).
+FOURTH_SIZE = {640: 1760}
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): the "
+                 "fresh size of the fourth check (reduced grid at lr 3e-3 and 1e-3)",
+                 base=size_base(h, ffn), points=third_size_points(), evals_per_run=16)
+      for h, ffn in FOURTH_SIZE.items()),
+    Experiment("kjv-h64-longest", "Llama, 2 layers, hidden 64, the King James Bible (bytes): "
+               "FSDP on 128 and FL+FSDP 32 x 4 with K = 8 at 8192 steps (the fourth check past "
+               "the horizon)",
+               base=size_base(64, SIZES[64]), points=long_points(8192)[:2], evals_per_run=64),
+)
+
 
 
 def experiment(name: str) -> Experiment:

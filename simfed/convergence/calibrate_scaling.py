@@ -126,6 +126,9 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
                           (*split.FRESH_FIT_HIDDEN, split.FRESH_SIZE_HIDDEN),
                           split.LONG_CHECK_STEPS, split.THIRD_SIZE_HIDDEN,
                           split.LONGER_CHECK_STEPS)
+    plans += _fresh_plans(runs, scored, ("fourth size", "fourth horizon"),
+                          split.FOURTH_FIT_HIDDEN, split.FOURTH_FIT_MAX_STEPS,
+                          split.FOURTH_SIZE_HIDDEN, split.LONGEST_CHECK_STEPS)
     return plans
 
 
@@ -142,19 +145,21 @@ def _fresh_plans(runs: list[Run], scored: list[Run], names: tuple[str, str],
     size_check = [r for r in scored if _hidden(r) == size_hidden]
     long_check = [r for r in scored if int(r.tags["steps"]) == long_steps]
     plans: list[dict[str, Any]] = []
-    common = {"seen": False, "fit_set": fit_set}
+    common = {"fit_set": fit_set}
     if fit_set and size_check:
         start = float(np.mean([r.eval_loss[0] for r in post]))
         best = min(r.final_loss for r in post if int(r.tags["steps"]) == split.HORIZON_FIT_STEPS)
         plans.append({"what": names[0], "fit": "hidden " + ", ".join(map(str, fit_hidden)),
                       "check": f"hidden {size_hidden}", "check_set": size_check,
-                      "targets": split.targets(start, best), **common})
+                      "targets": split.targets(start, best),
+                      "seen": names[0] in split.SEEN_CHECKS, **common})
     if fit_set and long_check:
         best_of = {h: min((r.final_loss for r in post if _hidden(r) == h), default=math.nan)
                    for h in {_hidden(r) for r in long_check}}
         plans.append({"what": names[1], "fit": f"runs of at most {fit_max_steps} steps",
                       "check": f"{long_steps}-step runs", "check_set": long_check,
-                      "targets": functools.partial(_long_targets, best_of), **common})
+                      "targets": functools.partial(_long_targets, best_of),
+                      "seen": names[1] in split.SEEN_CHECKS, **common})
     return plans
 
 
