@@ -334,12 +334,21 @@ def test_check_plans_follow_the_split():
             for n in (128, 512)]
     runs += [run(384, 128, 2.5), run(64, 2048, 2.0), run(128, 2048, 1.9)]
     runs += [run(512, 128, 2.4), run(64, 4096, 1.8)]
+    runs += [run(640, 128, 2.3), run(64, 8192, 1.7)]
     plans = {p["what"]: p for p in check_plans(runs)}
     assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
-                           "third size", "third horizon"]
-    assert [p["seen"] for p in plans.values()] == [True, True, False, False, False, False]
+                           "third size", "third horizon", "fourth size", "fourth horizon"]
+    # the model changed after the second and third checks were scored: only the fourth is
+    # held out
+    assert [p["seen"] for p in plans.values()] == [True] * 6 + [False, False]
+    fourth = {r.key for r in plans["fourth size"]["fit_set"]}
+    assert fourth == {r.key for r in runs} - {"h640/s128", "h64/s8192", "h64/s4096"}
+    assert plans["fourth horizon"]["fit_set"] == plans["fourth size"]["fit_set"]
+    assert {r.key for r in plans["fourth size"]["check_set"]} == {"h640/s128"}
+    assert {r.key for r in plans["fourth horizon"]["check_set"]} == {"h64/s8192"}
     third = {r.key for r in plans["third size"]["fit_set"]}
-    assert third == {r.key for r in runs} - {"h512/s128", "h64/s4096"}
+    assert third == {r.key for r in runs} - {"h512/s128", "h64/s4096", "h640/s128",
+                                             "h64/s8192"}
     assert plans["third horizon"]["fit_set"] == plans["third size"]["fit_set"]
     assert {r.key for r in plans["third size"]["check_set"]} == {"h512/s128"}
     assert {r.key for r in plans["third horizon"]["check_set"]} == {"h64/s4096"}
