@@ -254,6 +254,10 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         f"P_c {math.exp(p['log_progress_scale']):.3g}, alpha {p['exponent']:.3g}, d "
         f"{p['progress_size_exponent']:.3g}; floor {p['loss_floor']:.3f} + "
         f"{math.exp(p['log_floor_coef']):.3g} (N/1e6)^-{p['floor_size_exponent']:.3g}",
+        f"  learning rate: progress above the optimum falls as x^{1 - 2 * p['lr_tail']:.2f} "
+        f"(lr tail gamma {p['lr_tail']:.3g}"
+        + (f", 95% interval {iv['lr_tail'][0]:.3g}..{iv['lr_tail'][1]:.3g}"
+           if iv.get("lr_tail") else "") + ")",
         f"  FedAvg: kappa {math.exp(p['log_fl_kappa']):.3g}"
         + (f" (95% interval of ln kappa {k[0]:.3g}..{k[1]:.3g})" if k else ""),
     ]

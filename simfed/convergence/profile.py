@@ -96,6 +96,8 @@ class ScalingParams(FrozenModel):
     unigram_loss: Num = Field(ge=0, le=100)
     log_unigram_scale: Num = Field(ge=-20, le=20)
     log_unigram_lr_star: Num = Field(ge=math.log(1e-8), le=math.log(100))
+    # the learning rate's tail above its optimum (1: the lorentzian of profiles without it)
+    lr_tail: Num = Field(1.0, ge=0.55, le=4)
 
 
 class FittedRangeV2(FrozenModel):

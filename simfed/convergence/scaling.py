@@ -50,9 +50,14 @@ Each stage has its own progress and noise-free optimal learning rate (eta*_1 for
 frequencies, eta* for context; both scale with N^-c): the size study's models learn the
 frequencies fastest at a higher learning rate than the one that serves them afterwards.
 
+The step's response to the learning rate is by default the lorentzian r = 2 x s / (1 + x^2 /
+s^2)^gamma (`_step`): 2 x s - x^2 to first order, with a tail above the optimum that falls as
+x^(1 - 2 gamma), gamma fitted: Adam loses progress more slowly above its best learning rate
+than the quadratic (a plain gradient step's) says.
+
 Parameters (in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d, E, ln A,
-a, ln kappa, L_u (the data's, measured where the study records it), ln P_1, ln eta*_1. L_0 is
-each run's untrained loss (measured, or ln(vocab)).
+a, ln kappa, L_u (the data's, measured where the study records it), ln P_1, ln eta*_1, gamma.
+L_0 is each run's untrained loss (measured, or ln(vocab)).
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ N_REF = 1e6
 PARAMS = ("log_lr_star", "lr_size_exponent", "log_noise_star", "noise_loss_exponent",
           "log_progress_scale", "exponent", "progress_size_exponent", "loss_floor",
           "log_floor_coef", "floor_size_exponent", "log_fl_kappa", "unigram_loss",
-          "log_unigram_scale", "log_unigram_lr_star")
+          "log_unigram_scale", "log_unigram_lr_star", "lr_tail")
 IDX = {p: i for i, p in enumerate(PARAMS)}
 # what each parameter means, for reports and profiles
 DESCRIBE = {
@@ -86,7 +91,10 @@ DESCRIBE = {
     "unigram_loss": "L_u: the loss of the data's token frequencies alone (nats/token)",
     "log_unigram_scale": "ln P_1: progress that learns the token frequencies",
     "log_unigram_lr_star": "ln eta*_1 at 1e6 params: stage 1's noise-free optimal lr",
+    "lr_tail": "gamma in r = 2 x s / (1 + x^2 / s^2)^gamma: how slowly progress falls above "
+               "the optimal learning rate (1: as fast as 1 / x)",
 }
+TAIL_MIN = 0.55  # lr_tail's lower bound: at 0.5 progress no longer falls above an optimum
 # parameters that belong to the data and tokenizer rather than to the optimizer's dynamics:
 # a scenario on other data replaces them (convergence.data_constants) and says so
 DATA_PARAMS = ("loss_floor", "log_floor_coef", "floor_size_exponent", "log_noise_star",
@@ -105,13 +113,13 @@ def bounds(floor_min: float, best_loss: float, loss_init: float) -> Bounds:
     top = max(floor_min + 1e-3, best_loss - 1e-3)
     lo = np.array([math.log(1e-6), -1.0, math.log(1.0), 0.0, math.log(1e-3), 0.02, -2.0,
                    floor_min, math.log(1e-4), 0.0, math.log(1e-4), floor_min, math.log(1e-3),
-                   math.log(1e-6)])
+                   math.log(1e-6), TAIL_MIN])
     hi = np.array([math.log(10.0), 2.0, math.log(1e12), 12.0, math.log(1e6), 4.0, 2.0,
                    top, math.log(1e2), 2.0, math.log(1e3), loss_init, math.log(1e3),
-                   math.log(10.0)])
+                   math.log(10.0), 4.0])
     x0 = np.array([math.log(3e-3), 0.3, math.log(1e4), 2.0, math.log(10.0), 0.5, 0.0,
                    floor_min + 0.5 * (best_loss - floor_min), math.log(0.3), 0.3, 0.0,
-                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(3e-3)])
+                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(3e-3), 1.0])
     return Bounds(lo, hi, np.clip(x0, lo + 1e-6, hi - 1e-6))
 
 
@@ -162,6 +170,7 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     alpha = col["exponent"]
     b_star, nexp = np.exp(col["log_noise_star"]), col["noise_loss_exponent"]
     kappa = np.exp(col["log_fl_kappa"])
+    tail = col["lr_tail"]
     groups = np.array([float(s.groups) if s.federated else 1.0 for s in shapes])[None, :]
     log_k = np.array([math.log(max(1, s.aggregate_every)) for s in shapes])[None, :]
     g_eff = groups ** (1.0 / (1.0 + kappa * log_k))  # (n, m)
@@ -193,9 +202,9 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
         s1 = np.sqrt(tokens / (tokens + b_noise))
         progress = np.maximum(progress + _step(sum_lr[:, i], sum_lr2[:, i], lr_star, s1,
-                                               width[i]), 0.0)
+                                               width[i], tail), 0.0)
         progress1 = np.maximum(progress1 + _step(sum_lr[:, i], sum_lr2[:, i], lr_star1, s1,
-                                                 width[i]), 0.0)
+                                                 width[i], tail), 0.0)
         loss = (floor_pre + span2 * np.power(1.0 + progress / pc, -alpha)
                 + span1 * np.exp(-progress1 / p1))
         out[:, :, i + 1] = loss
@@ -214,25 +223,33 @@ def _widths(bounds: list[np.ndarray], blocks: int) -> np.ndarray:
 
 
 def _step(sum_lr: np.ndarray, sum_lr2: np.ndarray, lr_star: np.ndarray, s: np.ndarray,
-          steps: np.ndarray) -> np.ndarray:
+          steps: np.ndarray, tail: np.ndarray | float = 1.0) -> np.ndarray:
     """A block's progress: the sum over its steps of r(x) with x = lr / eta*. quadratic:
     r = 2 x s - x^2 (McCandlish et al. 2018's second-order step); lorentzian: r = 2 x s /
-    (1 + x^2 / s^2), equal to it to first order in x and at its optimum (x = s, r = s^2), with
-    a flatter top and tail above the optimum (the size study's runs lose far less at 3x their
-    best learning rate than the quadratic says). In a block of n steps the lorentzian takes the
-    block's mean x."""
+    (1 + x^2 / s^2)^gamma (gamma = `tail`, fitted), equal to it to first order in x, with a
+    flatter top and a tail above the optimum that falls as x^(1 - 2 gamma) (the size study's
+    runs lose far less at 3x their best learning rate than the quadratic says, and less than
+    1 / x: gamma is fitted near 0.65); its optimum is at x = s / sqrt(2 gamma - 1). In a block
+    of n steps the lorentzian takes the block's mean x."""
     sx = sum_lr[None, :] / lr_star
     if RESPONSE == "quadratic":
         return 2.0 * sx * s - sum_lr2[None, :] / (lr_star * lr_star)
     n = steps[None, :]
     x = sx / n
-    return n * 2.0 * x * s / (1.0 + x * x / (s * s))
+    return n * 2.0 * x * s / np.power(1.0 + x * x / (s * s), tail)
 
 
 def optimal_lr(theta: np.ndarray, params: float) -> float:
-    """The noise-free optimal learning rate eta*(N) of a parameter vector, for N params."""
+    """The noise-free optimal learning rate of a parameter vector for N params: where r peaks
+    at s = 1, eta*(N) / sqrt(2 gamma - 1)."""
     return float(math.exp(theta[IDX["log_lr_star"]])
-                 * (params / N_REF) ** (-theta[IDX["lr_size_exponent"]]))
+                 * (params / N_REF) ** (-theta[IDX["lr_size_exponent"]])
+                 / optimum_ratio(theta[IDX["lr_tail"]]))
+
+
+def optimum_ratio(tail: float | np.ndarray) -> float | np.ndarray:
+    """eta* over the learning rate where r peaks at s = 1: sqrt(2 gamma - 1)."""
+    return np.sqrt(np.maximum(2.0 * np.asarray(tail, float) - 1.0, 1e-12))
 
 
 def noise_scale(theta: np.ndarray, loss: float) -> float:

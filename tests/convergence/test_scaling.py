@@ -23,7 +23,7 @@ TRUE = {"log_lr_star": math.log(4e-3), "lr_size_exponent": 0.35,
         "log_progress_scale": math.log(8.0), "exponent": 0.6, "progress_size_exponent": 0.2,
         "loss_floor": 1.2, "log_floor_coef": math.log(0.4), "floor_size_exponent": 0.3,
         "log_fl_kappa": math.log(0.5), "unigram_loss": 3.0, "log_unigram_scale": math.log(0.5),
-        "log_unigram_lr_star": math.log(8e-3)}
+        "log_unigram_lr_star": math.log(8e-3), "lr_tail": 0.7}
 X = np.array([TRUE[p] for p in scaling.PARAMS])
 L0 = 5.5
 
@@ -51,7 +51,7 @@ def loss_of(progress: float, params: float, progress1: float | None = None) -> f
 
 def test_one_step_is_the_closed_form():
     """Step 0 has lr 0 (warm-up from 0); step 1 at lr eta: each stage's dP = 2 x s / (1 + x^2
-    q / s^2), with x = eta / eta* of that stage (and 2 x s - x^2 q with the quadratic)."""
+    q / s^2)^gamma, with x = eta / eta* of that stage (and 2 x s - x^2 q with the quadratic)."""
     s = shape(groups=8, aggregate_every=1, warmup_steps=2)
     c = curve(s)
     assert c[1] == pytest.approx(L0)  # lr 0 at step 0: nothing learnt
@@ -64,10 +64,11 @@ def test_one_step_is_the_closed_form():
         x = eta / lr_star
         if quadratic:
             return 2 * x * math.sqrt(s2) - x * x * q
-        return 2 * x * math.sqrt(s2) / (1 + x * x * q / s2)
+        return 2 * x * math.sqrt(s2) / (1 + x * x * q / s2) ** TRUE["lr_tail"]
 
     star1 = 8e-3 * (s.params / 1e6) ** -TRUE["lr_size_exponent"]
-    star2 = scaling.optimal_lr(X, s.params)
+    # eta* (2) sits sqrt(2 gamma - 1) above the optimal learning rate that optimal_lr reports
+    star2 = scaling.optimal_lr(X, s.params) * math.sqrt(2 * TRUE["lr_tail"] - 1)
     assert c[2] == pytest.approx(loss_of(dp(star2), s.params, dp(star1)), rel=1e-12)
     monkey = pytest.MonkeyPatch()
     monkey.setattr(scaling, "RESPONSE", "quadratic")
@@ -84,9 +85,11 @@ def test_one_group_ignores_k():
 
 
 def test_optimal_lr_step_is_mccandlish_efficiency():
-    """With a noise scale that does not move (1/alpha_B = 0) and lr = eta* s, one model's
-    progress per step is s^2 = 1 / (1 + B_noise / B) (both stages at one optimum here)."""
+    """With a noise scale that does not move (1/alpha_B = 0), the lorentzian at gamma = 1 and
+    lr = eta* s, one model's progress per step is s^2 = 1 / (1 + B_noise / B) (both stages at
+    one optimum here)."""
     x = X.copy()
+    x[scaling.IDX["lr_tail"]] = 1.0
     x[scaling.IDX["noise_loss_exponent"]] = 0.0
     x[scaling.IDX["log_unigram_lr_star"]] = x[scaling.IDX["log_lr_star"]]
     bn = math.exp(TRUE["log_noise_star"])
@@ -96,6 +99,29 @@ def test_optimal_lr_step_is_mccandlish_efficiency():
     one = shape(batch_tokens=b, lr=lr, steps=2, warmup_steps=0, schedule="constant")
     c = curve(one, x)
     assert c[1] == pytest.approx(loss_of(b / (b + bn), 4e5), rel=1e-12)
+
+
+def test_progress_peaks_at_the_optimal_lr_times_s_for_any_tail():
+    """r = 2 x s / (1 + x^2 / s^2)^gamma peaks at lr = optimal_lr x s whatever gamma; a flatter
+    tail (smaller gamma) loses less at 4x that learning rate."""
+    bn = math.exp(TRUE["log_noise_star"])
+    b = 4096.0
+    s = math.sqrt(b / (b + bn))
+    loss4x = {}
+    for tail in (0.6, 0.7, 1.0, 2.0):
+        x = X.copy()
+        x[scaling.IDX["noise_loss_exponent"]] = 0.0
+        x[scaling.IDX["lr_tail"]] = tail
+        x[scaling.IDX["log_unigram_lr_star"]] = x[scaling.IDX["log_lr_star"]]  # one optimum
+        best = scaling.optimal_lr(x, 4e5) * s
+
+        def after(lr: float, x: np.ndarray = x) -> float:
+            one = shape(batch_tokens=b, lr=lr, steps=2, warmup_steps=0, schedule="constant")
+            return curve(one, x)[1]
+
+        assert after(best) < min(after(0.8 * best), after(1.25 * best))
+        loss4x[tail] = after(4 * best) - after(best)
+    assert loss4x[0.6] < loss4x[0.7] < loss4x[1.0] < loss4x[2.0]
 
 
 def test_larger_batches_and_more_groups_never_learn_slower_per_step():
