@@ -204,7 +204,9 @@ SCALING_PARAMS = {  # ScalingParams: (lo, hi, lo refused)
     "log_fl_kappa": (-20, 20, False), "unigram_loss": (0, 100, False),
     "log_unigram_scale": (-20, 20, False),
     "log_unigram_lr_star": (math.log(1e-8), math.log(100), False),
+    "lr_tail": (0.55, 4, False),
 }
+OPTIONAL_PARAMS = ("lr_tail",)  # profiles fitted before it read as its default
 NOISE_PARAMS = {  # NoiseProgressParams
     "log_progress_scale": (-20, 20, False), "exponent": (0, 10, True),
     "log_noise_tokens": (-20, 40, False), "noise_exponent": (0, 10, False),
@@ -229,7 +231,8 @@ CHECK = {"checks": Rule("list", required=False), "checks[*]": Rule("dict"),
 
 
 def _params(table: dict[str, tuple[float, float, bool]]) -> dict[str, Rule]:
-    return {f"params.{k}": num(lo, hi, lo_open=op) for k, (lo, hi, op) in table.items()}
+    return {f"params.{k}": num(lo, hi, lo_open=op, required=k not in OPTIONAL_PARAMS)
+            for k, (lo, hi, op) in table.items()}
 
 
 SCALING_PROFILE: dict[str, Rule] = {

@@ -187,7 +187,7 @@ def test_the_convergence_oracle():
     assert study(("runs", 0, "noise", 0, "step"), UNKNOWN)  # an unknown key in a run's noise
     assert study(("recipe", "paper_lr"), Raw("NaN"))  # not strict JSON
     assert not study(("recipe", "paper_lr"), "x") and not study(("runs", 0, "lr"), True)
-    for form, n in (("scaling", 14), ("constants", 14), ("noise_progress", 7)):
+    for form, n in (("scaling", 15), ("constants", 15), ("noise_progress", 7)):
         model = "noise_progress" if form == "noise_progress" else "scaling"
         base = c.convergence_base(form)
 
@@ -211,4 +211,4 @@ def test_the_convergence_oracle():
                              ("noise_star_tokens", 1e13, False), ("loss_floor", 0, False)):
         doc = apply(scaling, ("data_constants", name), value)
         assert bool(c.broken_by(doc, c.convergence_rules("scaling"), c.CONV_CLOSED,
-                                strict_json=False, cross=c.profile_cross(14))) == bad, name
+                                strict_json=False, cross=c.profile_cross(15))) == bad, name
