@@ -129,6 +129,13 @@ def test_scale_losses_are_smallest_to_largest(result):
         assert x["difference"] == pytest.approx(x["predicted_loss"] - x["published_loss"])
 
 
+def test_validate_reports_the_shared_fabric_with_the_mechanism_on_and_off(result):
+    """`simfed validate --published` carries shared-fabric.yaml's rows: on the shared service
+    level the mechanism brings the model closer than it is without it."""
+    rows = [r for r in result["shared_fabric"] if r["shared"] and r["nodes"] >= 8]
+    assert rows and all(abs(r["error"]) < abs(r["quiet_error"]) for r in rows)
+
+
 def test_the_docs_state_the_check_sets_numbers():
     c = load_claims()
     doc = (ROOT / "docs" / "accuracy.md").read_text()

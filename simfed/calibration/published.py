@@ -187,6 +187,15 @@ def collective_cases(folder: Path = DEFAULT_DIR, *, calibrated: bool = False
     return compare(path, curves=fit_set_curves(path)[0]) if calibrated else compare(path)
 
 
+def shared_fabric_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
+    """Collective bandwidths on a fabric shared with other jobs (`shared-fabric.yaml`) with
+    `cluster.fabric.shared_bandwidth` on and off (`shared_fabric.compare`)."""
+    from .shared_fabric import compare
+
+    path = folder / "shared-fabric.yaml"
+    return compare(path) if path.is_file() else []
+
+
 def speedup_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
     """Published speedups of a runtime setting (`speedups.yaml`: float8, torch.compile): both
     runs of each case simulated, the predicted ratio of tokens/s/GPU against the published one;
@@ -238,7 +247,8 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
     return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
             "scale_losses": scale_losses(rows), **claims,
             "collectives": collective_cases(folder), "speedups": speedup_cases(folder),
-            "collectives_calibrated": collective_cases(folder, calibrated=True)}
+            "collectives_calibrated": collective_cases(folder, calibrated=True),
+            "shared_fabric": shared_fabric_cases(folder)}
 
 
 def print_published(res: dict[str, Any], console: Any) -> None:
@@ -262,6 +272,14 @@ def print_published(res: dict[str, Any], console: Any) -> None:
 
         print_summary(res["collectives_calibrated"], console,
                       ", calibrated on the fit tables (simfed calibrate)")
+    if res.get("shared_fabric"):
+        from .shared_fabric import summary
+
+        f = summary(res["shared_fabric"])
+        console.print(f"  shared fabric (shared-fabric.yaml): median |busbw error| "
+                      f"{100 * f['shared_rows_on']:.1f}% on the shared service level with "
+                      f"fabric.shared_bandwidth, {100 * f['shared_rows_off']:.1f}% without; "
+                      f"{100 * f['quiet_rows']:.1f}% on the quiet one", highlight=False)
     if res.get("speedups"):
         print_speedups(res["speedups"], console)
     if res.get("scale_losses"):
