@@ -110,6 +110,10 @@ def plot_fl_grid(study: dict[str, Any]) -> Figure:
     return fig
 
 
+# line styles of the runs longer than 128 steps, shortest first
+LONG_STYLES = (("--", "dashed"), (":", "dotted"), ("-.", "dash-dot"),
+               ((0, (8, 2, 1, 2, 1, 2)), "dash-dot-dot"), ((0, (1, 4)), "loosely dotted"))
+
 SIZE_KEYS = (("fsdp/n32/k0/lr0.003", "FSDP, 128 sequences"),
              ("fl_fsdp/n32/k8/lr0.003", "FL+FSDP, 32 groups x 4, K = 8"),
              ("fsdp/n1/k0/lr0.003", "one group of 4"))
@@ -127,7 +131,7 @@ def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
     axes = fig.subplots(1, len(by_model), sharey=True, squeeze=False)[0]
     colors = ("#4c72b0", "#2a9d5c", "#8c8c8c")
     lengths = sorted({int(r["steps"]) for st in studies for r in st["runs"]} - {128})
-    styles = dict(zip(lengths, ("--", ":", "-."), strict=False))
+    styles = dict(zip(lengths, LONG_STYLES, strict=False))  # (style, name) per longer length
     for ax, group in zip(axes, by_model.values(), strict=True):
         for (key, label), color in zip(SIZE_KEYS, colors, strict=True):
             first = True
@@ -136,7 +140,7 @@ def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
                     continue
                 ax.plot(r["eval_steps"], r["eval_loss"], color=color, linewidth=1.0,
                         alpha=0.9 if r["seed"] == 0 else 0.45,
-                        linestyle=styles.get(int(r["steps"]), "-"),
+                        linestyle=styles.get(int(r["steps"]), ("-", ""))[0],
                         label=label if first else None)
                 first = False
         st = group[0]
@@ -147,10 +151,10 @@ def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
         ax.set_title(f"{st['model']['name']} ({n / 1e6:.3g}M non-embedding)", fontsize=9)
         ax.set_xscale("symlog", linthresh=16)
         ax.set_xlim(left=0)
-        names = {"--": "dashed", ":": "dotted", "-.": "dash-dot"}
-        longer = ", ".join(f"{names[v]}: {k}" for k, v in styles.items())
-        ax.set_xlabel("optimizer steps" + (f" ({longer} steps)" if longer else ""))
         ax.grid(True, alpha=0.3)
+    longer = ", ".join(f"{name}: {k}" for k, (_, name) in styles.items())
+    fig.supxlabel("optimizer steps (solid: 128" + (f"; {longer}" if longer else "") + ")",
+                  fontsize=9)
     axes[0].set_ylabel("eval loss (nats)")
     axes[0].legend(fontsize=7)
     fig.suptitle("size study, lr 3e-3: FedAvg of AdamW groups against one large batch and one "
