@@ -43,7 +43,8 @@ class Hardware:
     node_cores: tuple[frozenset[int], ...] = ()  # CPU testbeds: a node's host cores (or none)
     sms: int = 0  # streaming multiprocessors (0: not modelled)
     peak_flops_fp8: float = 0.0  # dense FP8 tensor-core peak (0: no FP8)
-    # fabric shared with other jobs: (nodes, share of the quiet inter-node bandwidth) knots
+    # fabric shared with other jobs: (nodes, share of the quiet inter-node bandwidth) knots,
+    # sorted by nodes
     shared_bandwidth: tuple[tuple[float, float], ...] = ()
 
     @classmethod
@@ -77,7 +78,7 @@ class Hardware:
             ranks_per_core=cluster.ranks_per_core,
             node_cores=cluster.node_cores(),
             sms=n.gpu.sms,
-            shared_bandwidth=tuple((float(a), float(b)) for a, b in f.shared_bandwidth),
+            shared_bandwidth=tuple(sorted((float(a), float(b)) for a, b in f.shared_bandwidth)),
         )
 
     @property
@@ -103,9 +104,14 @@ class Hardware:
         fabric of its own; else the knots, piecewise-linear in log2(nodes), held at the ends."""
         if nodes <= 1 or not self.shared_bandwidth:
             return 1.0
-        pts = sorted(self.shared_bandwidth)
+        pts = self.shared_bandwidth
         return float(np.interp(math.log2(nodes), [math.log2(a) for a, _ in pts],
                                [f for _, f in pts]))
+
+    def nodes_spanned(self, instances) -> int:
+        """The most nodes any of a collective's ring instances spans."""
+        g = self.gpus_per_node
+        return max(len({r // g for r in inst}) for inst in instances)
 
     # fabric capacities (nominal x efficiency), per link of each class
     @property

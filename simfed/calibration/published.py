@@ -273,13 +273,10 @@ def print_published(res: dict[str, Any], console: Any) -> None:
         print_summary(res["collectives_calibrated"], console,
                       ", calibrated on the fit tables (simfed calibrate)")
     if res.get("shared_fabric"):
-        from .shared_fabric import summary
+        from .shared_fabric import summary_line
 
-        f = summary(res["shared_fabric"])
-        console.print(f"  shared fabric (shared-fabric.yaml): median |busbw error| "
-                      f"{100 * f['shared_rows_on']:.1f}% on the shared service level with "
-                      f"fabric.shared_bandwidth, {100 * f['shared_rows_off']:.1f}% without; "
-                      f"{100 * f['quiet_rows']:.1f}% on the quiet one", highlight=False)
+        console.print("  shared fabric (shared-fabric.yaml): "
+                      + summary_line(res["shared_fabric"]), highlight=False)
     if res.get("speedups"):
         print_speedups(res["speedups"], console)
     if res.get("scale_losses"):

@@ -72,9 +72,11 @@ def fit_set_curves(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES
 
 
 def compare(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES,
-            curves: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+            curves: dict[str, Any] | None = None,
+            set_keys: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One row per published size >= min_bytes: predicted against published busbw; with
-    `curves`, every entry's model carries them as its runtime.comm.nccl_bw_curve."""
+    `curves`, every entry's model carries them as its runtime.comm.nccl_bw_curve; `set_keys`
+    are applied on top of every entry's own (a setting turned off for all of them)."""
     from dataclasses import replace
 
     from ..collectives.nccl import bus_factor
@@ -83,6 +85,8 @@ def compare(path: Path = DEFAULT_FILE, *, min_bytes: int = MIN_BYTES,
     out = []
     for kind in ("tables", "cases"):
         for e in data.get(kind) or []:
+            if set_keys:
+                e = {**e, "set_keys": {**(e.get("set_keys") or {}), **set_keys}}
             model, n = entry_model(e, path.parent)
             if curves is not None:
                 model = replace(model, bw_curve=curves or None)

@@ -252,10 +252,8 @@ def engine_cost(model: NcclModel, op: str, nbytes: float,
     its flow network (so concurrent collectives share links) times byte_factor = the ring/Simple
     algorithm bandwidth over the chosen one's (1 for ring/Simple), and adds the choice's latency
     (NCCL's per-hop latencies by link class) in place of the alpha-beta latency."""
-    g = model.hw.gpus_per_node
-    inst = max(instances, key=len)
-    n = len(inst)
-    nodes = len({r // g for r in inst})
+    n = len(max(instances, key=len))
+    nodes = model.hw.nodes_spanned(instances)
     ch = model.best(op, nbytes, n, nodes)
     if n < 2:
         return 0.0, 1.0

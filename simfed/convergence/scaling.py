@@ -229,7 +229,7 @@ def _step(sum_lr: np.ndarray, sum_lr2: np.ndarray, lr_star: np.ndarray, s: np.nd
     (1 + x^2 / s^2)^gamma (gamma = `tail`, fitted), equal to it to first order in x, with a
     flatter top and a tail above the optimum that falls as x^(1 - 2 gamma) (the size study's
     runs lose far less at 3x their best learning rate than the quadratic says, and less than
-    1 / x: gamma is fitted near 0.65); its optimum is at x = s / sqrt(2 gamma - 1). In a block
+    1 / x: gamma < 1); its optimum is at x = s / sqrt(2 gamma - 1). In a block
     of n steps the lorentzian takes the block's mean x."""
     sx = sum_lr[None, :] / lr_star
     if RESPONSE == "quadratic":

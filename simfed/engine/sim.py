@@ -213,10 +213,8 @@ class Simulation:
             latency *= calls  # each call pays the latency
             # on a fabric shared with other jobs the network links give this collective only
             # a share of their bandwidth (fabric.shared_bandwidth, by the nodes it spans)
-            g = self.hw.gpus_per_node
-            share = self.hw.shared_bandwidth_share(
-                max(len({r // g for r in inst}) for inst in ph.instances)
-            ) if self.hw.shared_bandwidth else 1.0
+            share = (self.hw.shared_bandwidth_share(self.hw.nodes_spanned(ph.instances))
+                     if self.hw.shared_bandwidth else 1.0)
             demand = {c: d * e_bytes / (1.0 if self.links[c].kind == NVLINK else share)
                       for c, d in load.demand_per_E.items()}
             # host work per byte (copies, reductions, the kernel's network stack): gloo does it
