@@ -284,6 +284,39 @@ EXPERIMENTS = (
 )
 
 
+# The fifth check, fixed before any of its runs was made: the learning-rate sweep's missing ends
+# at hidden 512 and 640 (fit data: FSDP on 128 sequences at 3e-4 and 1e-2, FL+FSDP 32 x 4 with
+# K = 8 at 1e-3), and a fresh size (hidden 768, 13.3M non-embedding parameters) on an lr sweep
+# and the central shapes, evaluated every 4 steps (the drop after the unigram plateau takes a few
+# evaluation intervals of 8 steps at the largest sizes).
+FIFTH_SIZE = {768: 2112}
+
+
+def lr_ends_points() -> tuple[RunPoint, ...]:
+    return (RunPoint("fsdp", 32, lr=3e-4, seeds=(0,)), RunPoint("fsdp", 32, lr=1e-2, seeds=(0,)),
+            RunPoint("fl_fsdp", 32, 8, 1e-3, seeds=(0,)))
+
+
+def fifth_size_points() -> tuple[RunPoint, ...]:
+    lr = SIZE_LR
+    return (*(RunPoint("fsdp", 32, lr=x, seeds=(0,)) for x in (lr, 1e-3, 3e-4)),
+            *(RunPoint("fl_fsdp", 32, 8, x, seeds=(0,)) for x in (lr, 1e-3)),
+            RunPoint("fsdp", 1, lr=lr, seeds=(0,)),
+            RunPoint("fl_fsdp", 4, 4, lr, seeds=(0,)))
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}-lr", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): "
+                 "the lr sweep's ends (fit data of the fifth check)",
+                 base=size_base(h, ffn), points=lr_ends_points(), evals_per_run=16)
+      for h, ffn in (*THIRD_SIZE.items(), *FOURTH_SIZE.items())),
+    *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): the "
+                 "fresh size of the fifth check (lr sweep and central shapes)",
+                 base=size_base(h, ffn), points=fifth_size_points(), evals_per_run=32)
+      for h, ffn in FIFTH_SIZE.items()),
+)
+
 
 def experiment(name: str) -> Experiment:
     for e in EXPERIMENTS:

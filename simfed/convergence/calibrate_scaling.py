@@ -90,6 +90,8 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
     fitted, what is predicted, and the losses scored. Scored on the stage after the unigram
     plateau ("post" segments of runs.segments, steps counted from where the loss leaves it;
     whole runs where the study has no unigram loss)."""
+    every, runs = runs, [r for r in runs if r.source not in split.FIFTH_FIT_ONLY]
+    scored_every = [r for r in every if r.shape.segment != "pre"]
     scored = [r for r in runs if r.shape.segment != "pre"]
 
     def post(rs: list[Run]) -> list[Run]:
@@ -129,6 +131,8 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
     plans += _fresh_plans(runs, scored, ("fourth size", "fourth horizon"),
                           split.FOURTH_FIT_HIDDEN, split.FOURTH_FIT_MAX_STEPS,
                           split.FOURTH_SIZE_HIDDEN, split.LONGEST_CHECK_STEPS)
+    plans += _fresh_plans(every, scored_every, ("fifth size", ""), split.FIFTH_FIT_HIDDEN,
+                          split.FIFTH_FIT_MAX_STEPS, split.FIFTH_SIZE_HIDDEN, 0)
     return plans
 
 

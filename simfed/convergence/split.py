@@ -46,7 +46,23 @@ first reads those runs, once:
   predicted by a profile fitted on every run of hidden 48 ... 512 of at most 2048 steps;
   targets as the fresh size's;
 - fourth horizon: the 8192-step runs (hidden 64) predicted by the same profile (4x the longest
-  fitted: the 4096-step runs are left out of its fit); targets as the fresh horizon's."""
+  fitted: the 4096-step runs are left out of its fit); targets as the fresh horizon's.
+
+The fourth check was scored before the learning rate's tail got its size dependence, so its
+runs count as seen too. The fifth check (experiments kjv-h512-lr, kjv-h640-lr, kjv-h768), fixed
+the same way before any of its runs was made and scored once with the model as it stands at the
+commit that first reads them:
+
+- fit additions: the learning-rate sweep's missing ends at the two largest fitted sizes (FSDP
+  on 128 sequences at lr 3e-4 and 1e-2, FL+FSDP 32 x 4 with K = 8 at lr 1e-3, hidden 512 and
+  640), so that the optimal learning rate and the tail above it are measured where the size
+  checks missed; these runs enter the fifth check's fit only (FIFTH_FIT_ONLY), the earlier
+  checks keep their sets;
+- fifth size: every run of hidden 768 (13.3M non-embedding parameters, 1.4x the largest
+  fitted; an lr sweep of FSDP at 3e-4, 1e-3, 3e-3, FL+FSDP 32 x 4 with K = 8 at 1e-3 and 3e-3,
+  one group of 4 and FL+FSDP 4 x 4 with K = 4 at 3e-3), evaluated every 4 steps, predicted by a
+  profile fitted on every run of hidden 48 ... 640 (all run lengths); targets as the fresh
+  size's."""
 
 from __future__ import annotations
 
@@ -69,6 +85,10 @@ FOURTH_FIT_HIDDEN = (48, 64, 128, 256, 384, 512)
 FOURTH_FIT_MAX_STEPS = 2048
 FOURTH_SIZE_HIDDEN = 640
 LONGEST_CHECK_STEPS = 8192
+FIFTH_FIT_HIDDEN = (48, 64, 128, 256, 384, 512, 640)
+FIFTH_FIT_MAX_STEPS = 8192
+FIFTH_SIZE_HIDDEN = 768
+FIFTH_FIT_ONLY = ("kjv-h512-lr", "kjv-h640-lr")  # fitted by the fifth check alone
 # checks scored before the scaling model last changed: their runs were seen
 SEEN_CHECKS = ("fresh size", "fresh horizon", "third size", "third horizon")
 
