@@ -259,9 +259,12 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         f"{p['progress_size_exponent']:.3g}; floor {p['loss_floor']:.3f} + "
         f"{math.exp(p['log_floor_coef']):.3g} (N/1e6)^-{p['floor_size_exponent']:.3g}",
         f"  learning rate: progress above the optimum falls as x^{1 - 2 * p['lr_tail']:.2f} "
-        f"(lr tail gamma {p['lr_tail']:.3g}"
+        f"at 1e6 params (lr tail gamma {p['lr_tail']:.3g}"
         + (f", 95% interval {iv['lr_tail'][0]:.3g}..{iv['lr_tail'][1]:.3g}"
-           if iv.get("lr_tail") else "") + ")",
+           if iv.get("lr_tail") else "") + "), gamma(N) = gamma (N/1e6)^-t with t "
+        + f"{p.get('lr_tail_size_exponent', 0.0):.3g}"
+        + (f" (95% interval {iv['lr_tail_size_exponent'][0]:.3g}.."
+           f"{iv['lr_tail_size_exponent'][1]:.3g})" if iv.get("lr_tail_size_exponent") else ""),
         f"  FedAvg: kappa {math.exp(p['log_fl_kappa']):.3g}"
         + (f" (95% interval of ln kappa {k[0]:.3g}..{k[1]:.3g})" if k else ""),
     ]

@@ -98,6 +98,8 @@ class ScalingParams(FrozenModel):
     log_unigram_lr_star: Num = Field(ge=math.log(1e-8), le=math.log(100))
     # the learning rate's tail above its optimum (1: the lorentzian of profiles without it)
     lr_tail: Num = Field(1.0, ge=0.55, le=4)
+    # its size dependence, gamma(N) = gamma (N / 1e6)^-t (0: the same at every size)
+    lr_tail_size_exponent: Num = Field(0.0, ge=-2, le=2)
 
 
 class FittedRangeV2(FrozenModel):
@@ -144,6 +146,26 @@ class ProfileV2(FrozenModel):
     checks: list[Check] = Field(default_factory=list)
 
 
+# parameters added to the scaling model after profiles were shipped, last in PARAMS: a profile
+# fitted before them has shorter covariance and draw rows and reads as their defaults
+OPTIONAL_SCALING = ("lr_tail", "lr_tail_size_exponent")
+
+
+def _pad_optional(p: ProfileV2, n: int) -> ProfileV2:
+    """Covariance and draws of a profile fitted before the trailing optional parameters:
+    the missing ones at their default, without variance."""
+    rows = [len(r) for r in (*p.covariance, *p.draws)]
+    if not rows or len(set(rows)) != 1 or not n - len(OPTIONAL_SCALING) <= rows[0] < n:
+        return p
+    have = rows[0]
+    fill = [ScalingParams.model_fields[k].default
+            for k in scaling.PARAMS[have:]]
+    cov = [[*r, *([0.0] * (n - have))] for r in p.covariance]
+    cov += [[0.0] * n for _ in range(n - have)] if len(p.covariance) == have else []
+    draws = [[*r, *fill] for r in p.draws]
+    return p.model_copy(update={"covariance": cov, "draws": draws})
+
+
 def parse(prof: Any, model: str, where: str = "convergence.profile") -> Any:
     """A profile for `model`, validated (SpecError naming the key on a mistake)."""
     if not isinstance(prof, dict):
@@ -162,6 +184,8 @@ def parse(prof: Any, model: str, where: str = "convergence.profile") -> Any:
     except SpecError as exc:  # "params.exponent: ..." -> "convergence.profile.params.exponent"
         raise SpecError(f"{where}.{exc}" if where else str(exc)) from None
     n = len(scaling.PARAMS) if model == "scaling" else len(noise_model.PARAMS)
+    if model == "scaling":
+        p = _pad_optional(p, n)
     for key in ("covariance", "draws"):
         m = getattr(p, key)
         if m and any(len(row) != n for row in m):

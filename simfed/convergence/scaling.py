@@ -53,10 +53,12 @@ frequencies fastest at a higher learning rate than the one that serves them afte
 The step's response to the learning rate is by default the lorentzian r = 2 x s / (1 + x^2 /
 s^2)^gamma (`_step`): 2 x s - x^2 to first order, with a tail above the optimum that falls as
 x^(1 - 2 gamma), gamma fitted: Adam loses progress more slowly above its best learning rate
-than the quadratic (a plain gradient step's) says.
+than the quadratic (a plain gradient step's) says. gamma depends on size, gamma(N) = gamma
+(N / N_0)^(-t) with t fitted (`lr_tail_size_exponent`; 0 in profiles fitted before it), held at
+or above TAIL_MIN.
 
 Parameters (in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d, E, ln A,
-a, ln kappa, L_u (the data's, measured where the study records it), ln P_1, ln eta*_1, gamma.
+a, ln kappa, L_u (the data's, measured where the study records it), ln P_1, ln eta*_1, gamma, t.
 L_0 is each run's untrained loss (measured, or ln(vocab)).
 """
 
@@ -73,7 +75,7 @@ N_REF = 1e6
 PARAMS = ("log_lr_star", "lr_size_exponent", "log_noise_star", "noise_loss_exponent",
           "log_progress_scale", "exponent", "progress_size_exponent", "loss_floor",
           "log_floor_coef", "floor_size_exponent", "log_fl_kappa", "unigram_loss",
-          "log_unigram_scale", "log_unigram_lr_star", "lr_tail")
+          "log_unigram_scale", "log_unigram_lr_star", "lr_tail", "lr_tail_size_exponent")
 IDX = {p: i for i, p in enumerate(PARAMS)}
 # what each parameter means, for reports and profiles
 DESCRIBE = {
@@ -92,7 +94,8 @@ DESCRIBE = {
     "log_unigram_scale": "ln P_1: progress that learns the token frequencies",
     "log_unigram_lr_star": "ln eta*_1 at 1e6 params: stage 1's noise-free optimal lr",
     "lr_tail": "gamma in r = 2 x s / (1 + x^2 / s^2)^gamma: how slowly progress falls above "
-               "the optimal learning rate (1: as fast as 1 / x)",
+               "the optimal learning rate (1: as fast as 1 / x), at 1e6 non-embedding params",
+    "lr_tail_size_exponent": "t in gamma(N) = gamma (N / 1e6)^-t (held at or above 0.55)",
 }
 TAIL_MIN = 0.55  # lr_tail's lower bound: at 0.5 progress no longer falls above an optimum
 # parameters that belong to the data and tokenizer rather than to the optimizer's dynamics:
@@ -113,13 +116,13 @@ def bounds(floor_min: float, best_loss: float, loss_init: float) -> Bounds:
     top = max(floor_min + 1e-3, best_loss - 1e-3)
     lo = np.array([math.log(1e-6), -1.0, math.log(1.0), 0.0, math.log(1e-3), 0.02, -2.0,
                    floor_min, math.log(1e-4), 0.0, math.log(1e-4), floor_min, math.log(1e-3),
-                   math.log(1e-6), TAIL_MIN])
+                   math.log(1e-6), TAIL_MIN, -1.0])
     hi = np.array([math.log(10.0), 2.0, math.log(1e12), 12.0, math.log(1e6), 4.0, 2.0,
                    top, math.log(1e2), 2.0, math.log(1e3), loss_init, math.log(1e3),
-                   math.log(10.0), 4.0])
+                   math.log(10.0), 4.0, 1.0])
     x0 = np.array([math.log(3e-3), 0.3, math.log(1e4), 2.0, math.log(10.0), 0.5, 0.0,
                    floor_min + 0.5 * (best_loss - floor_min), math.log(0.3), 0.3, 0.0,
-                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(3e-3), 1.0])
+                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(3e-3), 1.0, 0.0])
     return Bounds(lo, hi, np.clip(x0, lo + 1e-6, hi - 1e-6))
 
 
@@ -170,7 +173,7 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     alpha = col["exponent"]
     b_star, nexp = np.exp(col["log_noise_star"]), col["noise_loss_exponent"]
     kappa = np.exp(col["log_fl_kappa"])
-    tail = col["lr_tail"]
+    tail = tail_at(col["lr_tail"], col["lr_tail_size_exponent"], n_rel)
     groups = np.array([float(s.groups) if s.federated else 1.0 for s in shapes])[None, :]
     log_k = np.array([math.log(max(1, s.aggregate_every)) for s in shapes])[None, :]
     g_eff = groups ** (1.0 / (1.0 + kappa * log_k))  # (n, m)
@@ -241,10 +244,19 @@ def _step(sum_lr: np.ndarray, sum_lr2: np.ndarray, lr_star: np.ndarray, s: np.nd
 
 def optimal_lr(theta: np.ndarray, params: float) -> float:
     """The noise-free optimal learning rate of a parameter vector for N params: where r peaks
-    at s = 1, eta*(N) / sqrt(2 gamma - 1)."""
-    return float(math.exp(theta[IDX["log_lr_star"]])
-                 * (params / N_REF) ** (-theta[IDX["lr_size_exponent"]])
-                 / optimum_ratio(theta[IDX["lr_tail"]]))
+    at s = 1, eta*(N) / sqrt(2 gamma(N) - 1)."""
+    n_rel = params / N_REF
+    return float(math.exp(theta[IDX["log_lr_star"]]) * n_rel ** (-theta[IDX["lr_size_exponent"]])
+                 / optimum_ratio(tail_at(theta[IDX["lr_tail"]],
+                                         theta[IDX["lr_tail_size_exponent"]], n_rel)))
+
+
+def tail_at(tail: float | np.ndarray, exponent: float | np.ndarray,
+            n_rel: float | np.ndarray) -> np.ndarray:
+    """gamma(N) = gamma (N / 1e6)^-t, held at or above TAIL_MIN (below 0.5 progress would
+    grow without bound with the learning rate)."""
+    return np.maximum(np.asarray(tail, float) * np.power(n_rel, -np.asarray(exponent, float)),
+                      TAIL_MIN)
 
 
 def optimum_ratio(tail: float | np.ndarray) -> float | np.ndarray:

@@ -9,21 +9,25 @@ three sizes and predicts a fourth size it never saw."""
 from __future__ import annotations
 
 import io
+import json
 import math
 
 import numpy as np
 import pytest
+import yaml
 
 from simfed.convergence import fitting, scaling
 from simfed.convergence.runs import Run, Shape
 from simfed.spec import SpecError
+
+from ..conftest import ROOT
 
 TRUE = {"log_lr_star": math.log(4e-3), "lr_size_exponent": 0.35,
         "log_noise_star": math.log(2e4), "noise_loss_exponent": 3.0,
         "log_progress_scale": math.log(8.0), "exponent": 0.6, "progress_size_exponent": 0.2,
         "loss_floor": 1.2, "log_floor_coef": math.log(0.4), "floor_size_exponent": 0.3,
         "log_fl_kappa": math.log(0.5), "unigram_loss": 3.0, "log_unigram_scale": math.log(0.5),
-        "log_unigram_lr_star": math.log(8e-3), "lr_tail": 0.7}
+        "log_unigram_lr_star": math.log(8e-3), "lr_tail": 0.7, "lr_tail_size_exponent": 0.1}
 X = np.array([TRUE[p] for p in scaling.PARAMS])
 L0 = 5.5
 
@@ -59,16 +63,17 @@ def test_one_step_is_the_closed_form():
     bn = scaling.noise_scale(X, L0)
     s2 = 8 * s.batch_tokens / (8 * s.batch_tokens + bn)  # K = 1: G_eff = G, one model on G b
     q = 1.0
+    gamma = TRUE["lr_tail"] * (s.params / 1e6) ** -TRUE["lr_tail_size_exponent"]
 
     def dp(lr_star: float, quadratic: bool = False) -> float:
         x = eta / lr_star
         if quadratic:
             return 2 * x * math.sqrt(s2) - x * x * q
-        return 2 * x * math.sqrt(s2) / (1 + x * x * q / s2) ** TRUE["lr_tail"]
+        return 2 * x * math.sqrt(s2) / (1 + x * x * q / s2) ** gamma
 
     star1 = 8e-3 * (s.params / 1e6) ** -TRUE["lr_size_exponent"]
-    # eta* (2) sits sqrt(2 gamma - 1) above the optimal learning rate that optimal_lr reports
-    star2 = scaling.optimal_lr(X, s.params) * math.sqrt(2 * TRUE["lr_tail"] - 1)
+    # eta* (2) sits sqrt(2 gamma(N) - 1) above the optimal learning rate that optimal_lr reports
+    star2 = scaling.optimal_lr(X, s.params) * math.sqrt(2 * gamma - 1)
     assert c[2] == pytest.approx(loss_of(dp(star2), s.params, dp(star1)), rel=1e-12)
     monkey = pytest.MonkeyPatch()
     monkey.setattr(scaling, "RESPONSE", "quadratic")
@@ -90,6 +95,7 @@ def test_optimal_lr_step_is_mccandlish_efficiency():
     one optimum here)."""
     x = X.copy()
     x[scaling.IDX["lr_tail"]] = 1.0
+    x[scaling.IDX["lr_tail_size_exponent"]] = 0.0
     x[scaling.IDX["noise_loss_exponent"]] = 0.0
     x[scaling.IDX["log_unigram_lr_star"]] = x[scaling.IDX["log_lr_star"]]
     bn = math.exp(TRUE["log_noise_star"])
@@ -112,6 +118,7 @@ def test_progress_peaks_at_the_optimal_lr_times_s_for_any_tail():
         x = X.copy()
         x[scaling.IDX["noise_loss_exponent"]] = 0.0
         x[scaling.IDX["lr_tail"]] = tail
+        x[scaling.IDX["lr_tail_size_exponent"]] = 0.0
         x[scaling.IDX["log_unigram_lr_star"]] = x[scaling.IDX["log_lr_star"]]  # one optimum
         best = scaling.optimal_lr(x, 4e5) * s
 
@@ -122,6 +129,27 @@ def test_progress_peaks_at_the_optimal_lr_times_s_for_any_tail():
         assert after(best) < min(after(0.8 * best), after(1.25 * best))
         loss4x[tail] = after(4 * best) - after(best)
     assert loss4x[0.6] < loss4x[0.7] < loss4x[1.0] < loss4x[2.0]
+
+
+def test_the_tail_flattens_with_size_as_its_exponent_says():
+    """gamma(N) = gamma (N / 1e6)^-t: with t > 0 a 16x larger model loses less progress at
+    4x its optimal learning rate than with t = 0, and gamma is held at 0.55 far out."""
+    lost = {}
+    for t in (0.0, 0.2):
+        x = X.copy()
+        x[scaling.IDX["lr_tail_size_exponent"]] = t
+        x[scaling.IDX["noise_loss_exponent"]] = 0.0
+        x[scaling.IDX["log_unigram_lr_star"]] = x[scaling.IDX["log_lr_star"]]
+        best = scaling.optimal_lr(x, 16e6)
+
+        def after(lr: float, x: np.ndarray = x) -> float:
+            one = shape(params=16e6, batch_tokens=1e9, lr=lr, steps=2, warmup_steps=0,
+                        schedule="constant")
+            return curve(one, x)[1]
+
+        lost[t] = after(4 * best) - after(best)
+    assert lost[0.2] < lost[0.0]
+    assert scaling.tail_at(0.7, 0.2, 1e6) == pytest.approx(scaling.TAIL_MIN)
 
 
 def test_larger_batches_and_more_groups_never_learn_slower_per_step():
@@ -399,3 +427,28 @@ def test_check_plans_follow_the_split():
     best64 = 3.0 - 0.064 - 0.0512
     assert plans["fresh horizon"]["targets"](long64) == pytest.approx(
         [5.0 - f * (5.0 - best64) for f in split.LONG_FRACTIONS])
+
+
+def test_a_profile_fitted_before_the_last_parameters_reads_them_as_defaults():
+    """The shipped profile with its trailing optional parameters taken out (covariance and
+    draws one or two columns shorter) parses, with those parameters at their defaults and no
+    variance; a row of another length is refused in one line."""
+    from simfed.convergence import profile
+
+    prof = yaml.safe_load((ROOT / "scenarios/convergence/kjv-scaling.yaml").read_text())
+    prof = prof["convergence"]["profile"] if "convergence" in prof else prof
+    for drop in (1, 2):
+        old = json.loads(json.dumps(prof))
+        n = len(scaling.PARAMS) - drop
+        for k in scaling.PARAMS[n:]:
+            old["params"].pop(k, None)
+        old["covariance"] = [r[:n] for r in old["covariance"][:n]]
+        old["draws"] = [r[:n] for r in old["draws"]]
+        p = profile.parse(old, "scaling")
+        assert len(p.covariance) == len(p.covariance[0]) == len(scaling.PARAMS)
+        assert all(len(r) == len(scaling.PARAMS) for r in p.draws)
+        assert p.draws[0][-1] == profile.ScalingParams.model_fields[scaling.PARAMS[-1]].default
+        assert p.covariance[-1][-1] == 0.0
+    old["draws"] = [r[:-3] for r in old["draws"]]
+    with pytest.raises(SpecError, match=f"every row must have {len(scaling.PARAMS)} values"):
+        profile.parse(old, "scaling")
