@@ -90,7 +90,8 @@ FIFTH_FIT_MAX_STEPS = 8192
 FIFTH_SIZE_HIDDEN = 768
 FIFTH_FIT_ONLY = ("kjv-h512-lr", "kjv-h640-lr")  # fitted by the fifth check alone
 # checks scored before the scaling model last changed: their runs were seen
-SEEN_CHECKS = ("fresh size", "fresh horizon", "third size", "third horizon")
+SEEN_CHECKS = ("fresh size", "fresh horizon", "third size", "third horizon", "fourth size",
+               "fourth horizon")
 
 
 def is_size_check(run: dict[str, Any]) -> bool:
