@@ -379,22 +379,34 @@ def test_check_plans_follow_the_split():
     from simfed.convergence import split
     from simfed.convergence.calibrate_scaling import check_plans
 
-    def run(hidden: int, steps: int, final: float) -> Run:
+    def run(hidden: int, steps: int, final: float, source: str = "") -> Run:
         s = shape(params=hidden * 1e4, steps=steps)
-        return Run(key=f"h{hidden}/s{steps}", shape=s, eval_steps=(0, steps),
-                   eval_loss=(5.0, final), tags={"model": {"hidden": hidden}, "steps": steps})
+        return Run(key=f"h{hidden}/s{steps}{source}", shape=s, eval_steps=(0, steps),
+                   eval_loss=(5.0, final), tags={"model": {"hidden": hidden}, "steps": steps},
+                   source=source)
 
     runs = [run(h, n, 3.0 - h / 1000 - n / 10000) for h in (48, 64, 128, 256)
             for n in (128, 512)]
     runs += [run(384, 128, 2.5), run(64, 2048, 2.0), run(128, 2048, 1.9)]
     runs += [run(512, 128, 2.4), run(64, 4096, 1.8)]
     runs += [run(640, 128, 2.3), run(64, 8192, 1.7)]
+    # the fifth check: fit additions at hidden 512 and 640 (its fit alone) and hidden 768
+    lr_ends = [run(512, 128, 2.45, "kjv-h512-lr"), run(640, 128, 2.35, "kjv-h640-lr")]
+    runs += [*lr_ends, run(768, 128, 2.2)]
     plans = {p["what"]: p for p in check_plans(runs)}
     assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
-                           "third size", "third horizon", "fourth size", "fourth horizon"]
-    # the model changed after the second and third checks were scored: only the fourth is
+                           "third size", "third horizon", "fourth size", "fourth horizon",
+                           "fifth size"]
+    # the model changed after the checks before the fifth were scored: only the fifth is
     # held out
-    assert [p["seen"] for p in plans.values()] == [True] * 6 + [False, False]
+    assert [p["seen"] for p in plans.values()] == [True] * 8 + [False]
+    assert {r.key for r in plans["fifth size"]["check_set"]} == {"h768/s128"}
+    assert {r.key for r in plans["fifth size"]["fit_set"]} == {r.key for r in runs} - {
+        "h768/s128"}
+    for what, p in plans.items():  # the lr ends enter the fifth check's fit alone
+        if what != "fifth size":
+            assert not {r.key for r in lr_ends} & {r.key for r in p["fit_set"] + p["check_set"]}
+    runs = [r for r in runs if r not in lr_ends and r.key != "h768/s128"]
     fourth = {r.key for r in plans["fourth size"]["fit_set"]}
     assert fourth == {r.key for r in runs} - {"h640/s128", "h64/s8192", "h64/s4096"}
     assert plans["fourth horizon"]["fit_set"] == plans["fourth size"]["fit_set"]
