@@ -151,17 +151,26 @@ class ProfileV2(FrozenModel):
 OPTIONAL_SCALING = ("lr_tail", "lr_tail_size_exponent")
 
 
+def padded_length(n: int, cov_rows: list[int], draw_rows: list[int]) -> int | None:
+    """The row length of a profile fitted before the trailing optional parameters (every row
+    that long, the covariance square), or None."""
+    rows = set(cov_rows + draw_rows)
+    if len(rows) != 1:
+        return None
+    have = rows.pop()
+    ok = n - len(OPTIONAL_SCALING) <= have < n and len(cov_rows) in (0, have)
+    return have if ok else None
+
+
 def _pad_optional(p: ProfileV2, n: int) -> ProfileV2:
     """Covariance and draws of a profile fitted before the trailing optional parameters:
     the missing ones at their default, without variance."""
-    rows = [len(r) for r in (*p.covariance, *p.draws)]
-    if not rows or len(set(rows)) != 1 or not n - len(OPTIONAL_SCALING) <= rows[0] < n:
+    have = padded_length(n, [len(r) for r in p.covariance], [len(r) for r in p.draws])
+    if have is None:
         return p
-    have = rows[0]
-    fill = [ScalingParams.model_fields[k].default
-            for k in scaling.PARAMS[have:]]
+    fill = [ScalingParams.model_fields[k].default for k in scaling.PARAMS[have:]]
     cov = [[*r, *([0.0] * (n - have))] for r in p.covariance]
-    cov += [[0.0] * n for _ in range(n - have)] if len(p.covariance) == have else []
+    cov += [[0.0] * n for _ in range(n - have)] if cov else []
     draws = [[*r, *fill] for r in p.draws]
     return p.model_copy(update={"covariance": cov, "draws": draws})
 

@@ -297,20 +297,23 @@ CONV_CLOSED = ("", "profile", "profile.params", "profile.fitted_range", "profile
                "data_constants")
 
 
-def profile_cross(n: int) -> Callable[[Any], bool]:
-    """A covariance is n x n (or empty: none), every draw has n values, on_bound names
-    parameters, a fitted range's low is not above its high."""
+def profile_cross(n: int, optional: int = 0) -> Callable[[Any], bool]:
+    """A covariance is n x n (or empty: none), every draw has n values (or all of them n - k
+    for k up to `optional`), on_bound names parameters, a fitted range's low is not above its
+    high."""
 
     def broken(doc: Any) -> bool:
         prof = doc.get("profile") if isinstance(doc, dict) else None
         if not isinstance(prof, dict):
             return False
-        for key in ("covariance", "draws"):
-            m = prof.get(key)
-            if isinstance(m, list) and any(isinstance(r, list) and len(r) != n for r in m):
-                return True
-        cov = prof.get("covariance")
-        if isinstance(cov, list) and bool(cov) and len(cov) != n:
+        cov, draws = (m if isinstance(m, list) else [] for m in
+                      (prof.get("covariance"), prof.get("draws")))
+        lengths = {len(r) for r in cov + draws if isinstance(r, list)}
+        # a profile fitted before the `optional` trailing parameters: every row and the
+        # covariance's side shorter by as many, read as their defaults
+        short = (len(lengths) == 1 and n - optional <= min(lengths) < n
+                 and len(cov) in (0, min(lengths)))
+        if not short and (lengths - {n} or (cov and len(cov) != n)):
             return True
         rng = prof.get("fitted_range")  # a fitted range [low, high] has low <= high
         for pair in (rng.values() if isinstance(rng, dict) else ()):
@@ -563,7 +566,9 @@ def profile_case(fam: Families) -> Case:
     n = len(NOISE_PARAMS if model == "noise_progress" else SCALING_PARAMS)
     base = convergence_base(form)
     what, doc, expect = mutate(fam, base, convergence_rules(model), CONV_CLOSED,
-                               strict_json=False, cross=profile_cross(n))
+                               strict_json=False,
+                               cross=profile_cross(n, len(OPTIONAL_PARAMS) if model == "scaling"
+                                                   else 0))
     files: dict[str, bytes] = {}
     specials: dict[str, str] = {}
     included = what == "whole" or rng.random() < 0.3

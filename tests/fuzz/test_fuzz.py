@@ -187,18 +187,21 @@ def test_the_convergence_oracle():
     assert study(("runs", 0, "noise", 0, "step"), UNKNOWN)  # an unknown key in a run's noise
     assert study(("recipe", "paper_lr"), Raw("NaN"))  # not strict JSON
     assert not study(("recipe", "paper_lr"), "x") and not study(("runs", 0, "lr"), True)
-    for form, n in (("scaling", 15), ("constants", 15), ("noise_progress", 7)):
+    n_scaling, optional = len(c.SCALING_PARAMS), len(c.OPTIONAL_PARAMS)
+    for form, n in (("scaling", n_scaling), ("constants", n_scaling), ("noise_progress", 7)):
         model = "noise_progress" if form == "noise_progress" else "scaling"
         base = c.convergence_base(form)
 
-        def prof(path, value, base=base, model=model, n=n):
+        opt = optional if model == "scaling" else 0
+
+        def prof(path, value, base=base, model=model, n=n, opt=opt):
             return c.broken_by(apply(base, path, value), c.convergence_rules(model),
-                               c.CONV_CLOSED, strict_json=False, cross=c.profile_cross(n))
+                               c.CONV_CLOSED, strict_json=False, cross=c.profile_cross(n, opt))
 
         assert prof(("model",), "x") is True
         assert prof(("model",), DELETE) is False  # the default, none, reads no profile
         assert c.broken_by(base, c.convergence_rules(model), c.CONV_CLOSED, strict_json=False,
-                           cross=c.profile_cross(n)) is False
+                           cross=c.profile_cross(n, opt)) is False
         assert prof(("profile", "params", "exponent"), 0)  # > 0
         assert prof(("profile", "params", "loss_floor"), -1)
         assert prof(("profile", "params", "exponent"), UNKNOWN)  # a misspelt key
@@ -211,4 +214,5 @@ def test_the_convergence_oracle():
                              ("noise_star_tokens", 1e13, False), ("loss_floor", 0, False)):
         doc = apply(scaling, ("data_constants", name), value)
         assert bool(c.broken_by(doc, c.convergence_rules("scaling"), c.CONV_CLOSED,
-                                strict_json=False, cross=c.profile_cross(15))) == bad, name
+                                strict_json=False, cross=c.profile_cross(n_scaling, optional))
+                ) == bad, name
