@@ -127,11 +127,18 @@ def size_study(studies: list[dict[str, Any]]) -> list[str]:
         rows.append(f"| {st['model']['name']} ({n / 1e6:.3g}M) | {_stats(fs) if fs else '-'} | "
                     f"{_stats(fl) if fl else '-'} | {_stats(one) if one else '-'} | {gain} | "
                     f"{gap} | {rec} | {min(len(fs), len(fl), len(one))} |")
+    # the lr table merges the files of one size (an lr sweep's ends may sit in a file of their own)
+    merged: dict[str, dict[str, list[float]]] = {}
+    for st in sorted(studies, key=lambda s: s["model"]["non_embedding_params"]):
+        for key, vals in finals(st).items():
+            merged.setdefault(st["model"]["name"], {}).setdefault(key, []).extend(vals)
+    for name, f in merged.items():
         cells = []
         for lr in LRS:
             a, b = f.get(f"fl_fsdp/n32/k8/lr{lr:g}"), f.get(f"fsdp/n32/k0/lr{lr:g}")
             cells.append(f"{statistics.fmean(a) - statistics.fmean(b):+.3f}" if a and b else "-")
-        lr_rows.append(f"| {st['model']['name']} | " + " | ".join(cells) + " |")
+        if any(c != "-" for c in cells):
+            lr_rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return ["### The size study: what averaging recovers, by model size", "", *rows, "",
             "FL+FSDP (32 x 4, K = 8) minus FSDP (128 sequences), final eval loss after 128 "
             "steps (nats), mean over the seeds each has:", "", *lr_rows]
