@@ -287,7 +287,8 @@ def test_calibrated_profile_predicts_time_to_target(scaling_profile):
     from simfed.analysis.report import convergence_lines
 
     said = " | ".join(convergence_lines(out))
-    assert "development check (its runs seen before the model was fixed) across size" in said
+    assert ("development checks (their runs seen before the model was fixed), median |steps "
+            "error|: across size ") in said
     assert "how sure (time to target): held out" not in said
     from rich.console import Console
 
@@ -295,6 +296,10 @@ def test_calibrated_profile_predicts_time_to_target(scaling_profile):
 
     con = Console(record=True, width=300, file=io.StringIO())
     print_report(out, con)
+    assert "median |steps error|: across size" in con.export_text()
+    held = {**out, "convergence": {**conv, "checks": [{**conv["checks"][0], "seen": False}]}}
+    con = Console(record=True, width=300, file=io.StringIO())
+    print_report(held, con)
     assert "inside [p10, p90]" in con.export_text()  # printed as text, not rich markup
     assert conv["model"] == "scaling" and conv["rule"].startswith("a federated run")
     for a in out["algorithms"]:
