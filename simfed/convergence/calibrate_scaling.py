@@ -90,8 +90,8 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
     fitted, what is predicted, and the losses scored. Scored on the stage after the unigram
     plateau ("post" segments of runs.segments, steps counted from where the loss leaves it;
     whole runs where the study has no unigram loss)."""
-    every, runs = runs, [r for r in runs if r.source not in split.FIFTH_FIT_ONLY]
-    scored_every = [r for r in every if r.shape.segment != "pre"]
+    every = runs  # the fifth check's fit additions are read by no earlier check
+    runs = [r for r in every if r.source not in split.FIFTH_FIT_ONLY]
     scored = [r for r in runs if r.shape.segment != "pre"]
 
     def post(rs: list[Run]) -> list[Run]:
@@ -131,7 +131,8 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
     plans += _fresh_plans(runs, scored, ("fourth size", "fourth horizon"),
                           split.FOURTH_FIT_HIDDEN, split.FOURTH_FIT_MAX_STEPS,
                           split.FOURTH_SIZE_HIDDEN, split.LONGEST_CHECK_STEPS)
-    plans += _fresh_plans(every, scored_every, ("fifth size", ""), split.FIFTH_FIT_HIDDEN,
+    plans += _fresh_plans(every, [r for r in every if r.shape.segment != "pre"],
+                          ("fifth size", ""), split.FIFTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.FIFTH_SIZE_HIDDEN, 0)
     return plans
 
@@ -262,7 +263,7 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         f"at 1e6 params (lr tail gamma {p['lr_tail']:.3g}"
         + (f", 95% interval {iv['lr_tail'][0]:.3g}..{iv['lr_tail'][1]:.3g}"
            if iv.get("lr_tail") else "") + "), gamma(N) = gamma (N/1e6)^-t with t "
-        + f"{p.get('lr_tail_size_exponent', 0.0):.3g}"
+        + f"{p['lr_tail_size_exponent']:.3g}"
         + (f" (95% interval {iv['lr_tail_size_exponent'][0]:.3g}.."
            f"{iv['lr_tail_size_exponent'][1]:.3g})" if iv.get("lr_tail_size_exponent") else ""),
         f"  FedAvg: kappa {math.exp(p['log_fl_kappa']):.3g}"

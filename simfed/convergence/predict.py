@@ -71,15 +71,13 @@ def _apply_data_constants(scn: Scenario, x: np.ndarray, draws: np.ndarray) -> li
         if name == "optimal_lr":
             # eta*(N) of the scenario's model as given (each draw keeps its own size exponent),
             # and stage 1's eta*_1 in the fitted ratio to it
-            c, s2, s1, g, t = (scaling.IDX[k] for k in (
-                "lr_size_exponent", "log_lr_star", "log_unigram_lr_star", "lr_tail",
-                "lr_tail_size_exponent"))
+            c, s2, s1 = (scaling.IDX[k] for k in ("lr_size_exponent", "log_lr_star",
+                                                   "log_unigram_lr_star"))
             n_rel = non_embedding_params(scn) / scaling.N_REF
             for v in (x[None, :], draws):
                 ratio = v[:, s1] - v[:, s2]
                 # eta* sits sqrt(2 gamma(N) - 1) above where progress peaks (scaling.optimal_lr)
-                gamma = scaling.tail_at(v[:, g], v[:, t], n_rel)
-                v[:, s2] = (math.log(value) + np.log(scaling.optimum_ratio(gamma))
+                v[:, s2] = (math.log(value) + np.log(scaling.peak_ratio(v, n_rel))
                             + v[:, c] * math.log(n_rel))
                 v[:, s1] = v[:, s2] + ratio
             notes.append(f"optimal_lr {value:g}")

@@ -247,8 +247,15 @@ def optimal_lr(theta: np.ndarray, params: float) -> float:
     at s = 1, eta*(N) / sqrt(2 gamma(N) - 1)."""
     n_rel = params / N_REF
     return float(math.exp(theta[IDX["log_lr_star"]]) * n_rel ** (-theta[IDX["lr_size_exponent"]])
-                 / optimum_ratio(tail_at(theta[IDX["lr_tail"]],
-                                         theta[IDX["lr_tail_size_exponent"]], n_rel)))
+                 / peak_ratio(theta, n_rel))
+
+
+def peak_ratio(theta: np.ndarray, n_rel: float) -> np.ndarray:
+    """eta*(N) over the learning rate where a noise-free step's progress peaks, sqrt(2 gamma(N)
+    - 1), for a parameter vector (or the rows of a matrix of them) at N = n_rel x 1e6."""
+    theta = np.asarray(theta, float)
+    return optimum_ratio(tail_at(theta[..., IDX["lr_tail"]],
+                                 theta[..., IDX["lr_tail_size_exponent"]], n_rel))
 
 
 def tail_at(tail: float | np.ndarray, exponent: float | np.ndarray,
