@@ -318,6 +318,30 @@ EXPERIMENTS = (
 )
 
 
+# The sixth check, fixed before any of its runs was made: a fresh size (hidden 1024, 23.6M
+# non-embedding parameters, 1.8x the largest fitted) on the runs the fifth check missed most
+# (FSDP near and below its optimal lr, the small federation) and the central shapes, cheapest
+# first, evaluated every 4 steps.
+SIXTH_SIZE = {1024: 2816}
+
+
+def sixth_size_points() -> tuple[RunPoint, ...]:
+    lr = SIZE_LR
+    return (RunPoint("fsdp", 1, lr=lr, seeds=(0,)),
+            RunPoint("fl_fsdp", 4, 4, lr, seeds=(0,)),
+            *(RunPoint("fsdp", 32, lr=x, seeds=(0,)) for x in (1e-3, 3e-4)),
+            RunPoint("fl_fsdp", 32, 8, 1e-3, seeds=(0,)))
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): the "
+                 "fresh size of the sixth check (lr 1e-3 and 3e-4 and the central shapes)",
+                 base=size_base(h, ffn), points=sixth_size_points(), evals_per_run=32)
+      for h, ffn in SIXTH_SIZE.items()),
+)
+
+
 def experiment(name: str) -> Experiment:
     for e in EXPERIMENTS:
         if e.name == name:

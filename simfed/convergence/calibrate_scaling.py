@@ -134,6 +134,9 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
     plans += _fresh_plans(every, [r for r in every if r.shape.segment != "pre"],
                           ("fifth size", ""), split.FIFTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.FIFTH_SIZE_HIDDEN, 0)
+    plans += _fresh_plans(every, [r for r in every if r.shape.segment != "pre"],
+                          ("sixth size", ""), split.SIXTH_FIT_HIDDEN,
+                          split.FIFTH_FIT_MAX_STEPS, split.SIXTH_SIZE_HIDDEN, 0)
     return plans
 
 

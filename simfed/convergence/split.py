@@ -62,7 +62,17 @@ commit that first reads them:
   fitted; an lr sweep of FSDP at 3e-4, 1e-3, 3e-3, FL+FSDP 32 x 4 with K = 8 at 1e-3 and 3e-3,
   one group of 4 and FL+FSDP 4 x 4 with K = 4 at 3e-3), evaluated every 4 steps, predicted by a
   profile fitted on every run of hidden 48 ... 640 (all run lengths); targets as the fresh
-  size's."""
+  size's.
+
+The fifth check was scored and read before the model was next changed, so its runs count as seen
+too. The sixth check (experiment kjv-h1024), fixed the same way before any of its runs was made
+and scored once with the model as it stands at the commit that first reads them:
+
+- sixth size: every run of hidden 1024 (23.6M non-embedding parameters, 1.8x the largest
+  fitted; one group of 4 and FL+FSDP 4 x 4 with K = 4 at lr 3e-3, FSDP on 128 sequences at 1e-3
+  and 3e-4, FL+FSDP 32 x 4 with K = 8 at 1e-3), evaluated every 4 steps, predicted by a profile
+  fitted on every run of hidden 48 ... 768 (all run lengths, the fifth check's fit additions
+  included); targets as the fresh size's."""
 
 from __future__ import annotations
 
@@ -88,10 +98,12 @@ LONGEST_CHECK_STEPS = 8192
 FIFTH_FIT_HIDDEN = (48, 64, 128, 256, 384, 512, 640)
 FIFTH_FIT_MAX_STEPS = 8192
 FIFTH_SIZE_HIDDEN = 768
-FIFTH_FIT_ONLY = ("kjv-h512-lr", "kjv-h640-lr")  # fitted by the fifth check alone
+FIFTH_FIT_ONLY = ("kjv-h512-lr", "kjv-h640-lr")  # fitted by the fifth and sixth checks alone
+SIXTH_FIT_HIDDEN = (*FIFTH_FIT_HIDDEN, FIFTH_SIZE_HIDDEN)
+SIXTH_SIZE_HIDDEN = 1024
 # checks scored before the scaling model last changed: their runs were seen
 SEEN_CHECKS = ("fresh size", "fresh horizon", "third size", "third horizon", "fourth size",
-               "fourth horizon")
+               "fourth horizon", "fifth size")
 
 
 def is_size_check(run: dict[str, Any]) -> bool:

@@ -397,21 +397,24 @@ def test_check_plans_follow_the_split():
     runs += [run(640, 128, 2.3), run(64, 8192, 1.7)]
     # the fifth check: fit additions at hidden 512 and 640 (its fit alone) and hidden 768
     lr_ends = [run(512, 128, 2.45, "kjv-h512-lr"), run(640, 128, 2.35, "kjv-h640-lr")]
-    runs += [*lr_ends, run(768, 128, 2.2)]
+    runs += [*lr_ends, run(768, 128, 2.2), run(1024, 128, 2.1)]
     plans = {p["what"]: p for p in check_plans(runs)}
     assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
                            "third size", "third horizon", "fourth size", "fourth horizon",
-                           "fifth size"]
-    # the model changed after the checks before the fifth were scored: only the fifth is
+                           "fifth size", "sixth size"]
+    # the model changed after the checks before the sixth were scored: only the sixth is
     # held out
-    assert [p["seen"] for p in plans.values()] == [True] * 8 + [False]
+    assert [p["seen"] for p in plans.values()] == [True] * 9 + [False]
+    assert {r.key for r in plans["sixth size"]["check_set"]} == {"h1024/s128"}
+    assert {r.key for r in plans["sixth size"]["fit_set"]} == {r.key for r in runs} - {
+        "h1024/s128"}
     assert {r.key for r in plans["fifth size"]["check_set"]} == {"h768/s128"}
     assert {r.key for r in plans["fifth size"]["fit_set"]} == {r.key for r in runs} - {
-        "h768/s128"}
-    for what, p in plans.items():  # the lr ends enter the fifth check's fit alone
-        if what != "fifth size":
+        "h768/s128", "h1024/s128"}
+    for what, p in plans.items():  # the lr ends enter the fifth and sixth checks' fits alone
+        if what not in ("fifth size", "sixth size"):
             assert not {r.key for r in lr_ends} & {r.key for r in p["fit_set"] + p["check_set"]}
-    runs = [r for r in runs if r not in lr_ends and r.key != "h768/s128"]
+    runs = [r for r in runs if r not in lr_ends and r.key not in ("h768/s128", "h1024/s128")]
     fourth = {r.key for r in plans["fourth size"]["fit_set"]}
     assert fourth == {r.key for r in runs} - {"h640/s128", "h64/s8192", "h64/s4096"}
     assert plans["fourth horizon"]["fit_set"] == plans["fourth size"]["fit_set"]
