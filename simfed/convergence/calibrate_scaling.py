@@ -85,11 +85,15 @@ def _hidden(r: Run) -> int:
     return int(r.tags["model"]["hidden"])
 
 
-def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
+def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
+                ) -> list[dict[str, Any]]:
     """The checks of split.py that these runs allow (each needs both of its sets): what is
     fitted, what is predicted, and the losses scored. Scored on the stage after the unigram
     plateau ("post" segments of runs.segments, steps counted from where the loss leaves it;
-    whole runs where the study has no unigram loss)."""
+    whole runs where the study has no unigram loss). `whole`: the same runs unsegmented; with
+    them the sixth check is also scored from step 0 ("sixth size, from step 0": the same fit
+    and targets, the check runs' steps counted from their first step, as a scenario's
+    prediction counts them)."""
     every = runs  # the fifth check's fit additions are read by no earlier check
     runs = [r for r in every if r.source not in split.FIFTH_FIT_ONLY]
     scored = [r for r in runs if r.shape.segment != "pre"]
@@ -137,6 +141,10 @@ def check_plans(runs: list[Run]) -> list[dict[str, Any]]:
     plans += _fresh_plans(every, [r for r in every if r.shape.segment != "pre"],
                           ("sixth size", ""), split.SIXTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.SIXTH_SIZE_HIDDEN, 0)
+    sixth = [p for p in plans if p["what"] == "sixth size"]
+    from_zero = [r for r in whole if _hidden(r) == split.SIXTH_SIZE_HIDDEN]
+    if sixth and from_zero:
+        plans.append({**sixth[0], "what": "sixth size, from step 0", "check_set": from_zero})
     return plans
 
 
@@ -191,11 +199,12 @@ def _run_check(plan: dict[str, Any], fmin: float, draws: int,
 
 def held_out_checks(runs: list[Run], fmin: float, draws: int = 20,
                     fixed: dict[str, float] | None = None, jobs: int | None = None,
-                    only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+                    only: tuple[str, ...] = (), whole: list[Run] | tuple[Run, ...] = ()
+                    ) -> list[dict[str, Any]]:
     """The checks of split.py that these runs allow (check_plans; `only`: those named), each
     fitted and scored, in parallel processes (`jobs`, default one per CPU core); the results
     do not depend on how many."""
-    plans = [p for p in check_plans(runs) if not only or p["what"] in only]
+    plans = [p for p in check_plans(runs, whole) if not only or p["what"] in only]
     jobs = max(1, min(len(plans), jobs or os.cpu_count() or 1))
     if jobs == 1:
         return [_run_check(p, fmin, draws, fixed) for p in plans]
@@ -211,7 +220,8 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
         raise SpecError("--convergence: no runs the scaling model describes in these files")
     fmin = floor_min(studies)
     fixed = fixed_params(studies)
-    checks = held_out_checks(runs, fmin, draws=min(draws, 20), fixed=fixed)
+    whole = modelled([r for s in studies for r in runs_of_study(s)])
+    checks = held_out_checks(runs, fmin, draws=min(draws, 20), fixed=fixed, whole=whole)
     f = fitting.fit(runs, fmin, fixed)
     boot = (fitting.bootstrap(runs, draws, floor_min=fmin, x0=f["x"], fixed=fixed,
                               jobs=os.cpu_count() or 1) if draws else np.empty((0, 0)))

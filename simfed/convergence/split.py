@@ -72,7 +72,10 @@ and scored once with the model as it stands at the commit that first reads them:
   fitted; one group of 4 and FL+FSDP 4 x 4 with K = 4 at lr 3e-3, FSDP on 128 sequences at 1e-3
   and 3e-4, FL+FSDP 32 x 4 with K = 8 at 1e-3), evaluated every 4 steps, predicted by a profile
   fitted on every run of hidden 48 ... 768 (all run lengths, the fifth check's fit additions
-  included); targets as the fresh size's."""
+  included); targets as the fresh size's. Scored as every earlier check (steps counted from
+  where the loss leaves the plateau; the size target is judged on this score) and, as a second
+  report fixed before its runs were read, from step 0 (the check runs whole, the same fit and
+  targets), as a scenario's prediction counts steps."""
 
 from __future__ import annotations
 

@@ -411,6 +411,15 @@ def test_check_plans_follow_the_split():
     assert {r.key for r in plans["fifth size"]["check_set"]} == {"h768/s128"}
     assert {r.key for r in plans["fifth size"]["fit_set"]} == {r.key for r in runs} - {
         "h768/s128", "h1024/s128"}
+    # given the unsegmented runs, the sixth check is scored from step 0 too: same fit and
+    # targets, the size's whole runs
+    whole = [run(1024, 128, 2.1, "whole"), run(768, 128, 2.2, "whole")]
+    zero = {p["what"]: p for p in check_plans(runs, whole)}
+    assert list(zero) == [*plans, "sixth size, from step 0"]
+    assert [r.key for r in zero["sixth size, from step 0"]["check_set"]] == ["h1024/s128whole"]
+    assert zero["sixth size, from step 0"]["fit_set"] == zero["sixth size"]["fit_set"]
+    assert zero["sixth size, from step 0"]["targets"] == zero["sixth size"]["targets"]
+    assert not zero["sixth size, from step 0"]["seen"]
     for what, p in plans.items():  # the lr ends enter the fifth and sixth checks' fits alone
         if what not in ("fifth size", "sixth size"):
             assert not {r.key for r in lr_ends} & {r.key for r in p["fit_set"] + p["check_set"]}
