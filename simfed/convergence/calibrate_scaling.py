@@ -21,7 +21,7 @@ from ..spec import SpecError
 from ..spec.paths import write_text_atomic
 from ..spec.yamlio import dump_yaml
 from . import fitting, scaling, split
-from .profile import PROFILE_V2, parse
+from .profile import PROFILE_V2, parse, unreached_note
 from .runs import Run, runs_of_study, segments
 
 
@@ -236,7 +236,8 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
         "on_bound": f["on_bound"],
         "fitted_range": fitted_range(studies, runs),
         "checks": [{k: c[k] for k in ("what", "fit", "check", "points", "median_abs_error",
-                                      "worst_abs_error", "inside_band", "seen")}
+                                      "worst_abs_error", "inside_band", "unreached",
+                                      "median_abs_error_with_unreached", "seen")}
                    for c in checks],
     }
     parse(profile, "scaling", str(out))  # what is written is what a scenario accepts
@@ -292,5 +293,5 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         lines.append(f"  {how}, {c['what']} (fit {c['fit']}, check {c['check']}): median "
                      f"|steps-to-target error| {c['median_abs_error']:.1%}, worst "
                      f"{c['worst_abs_error']:.1%}, {c['inside_band']:.0%} inside [p10, p90] "
-                     f"over {c['points']} points")
+                     f"over {c['points']} points{unreached_note(c)}")
     return lines

@@ -195,16 +195,23 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
     shapes = list(dict.fromkeys(r.shape for r in check_set))
     point = scaling.loss_curves_many(f["x"], shapes)
     band = scaling.loss_curves_many(thetas, shapes)
-    rows = []
+    rows, unreached = [], []
     for r in check_set:
         j = shapes.index(r.shape)
         at = np.array(r.eval_steps)
         for tgt in (targets(r) if callable(targets) else targets):
             meas = crossing(at, np.array(r.eval_loss), tgt)
-            if not math.isfinite(meas) or meas <= 0:
-                continue
             # predicted at the run's own evaluation steps, interpolated as the measurement is
             pred = crossing(at, point[j][0, at], tgt)
+            if not math.isfinite(meas) and math.isfinite(pred) and pred > 0:
+                # the model has the run reach a target it never reached: a miss the error
+                # cannot score (the measured steps are beyond the run), at least 1 - pred / end
+                unreached.append({"key": r.key, "source": r.source, "seed": r.seed,
+                                  "target_loss": round(tgt, 4), "predicted_steps": round(pred, 2),
+                                  "run_steps": int(at[-1]),
+                                  "error_at_least": float(pred / at[-1] - 1)})
+            if not math.isfinite(meas) or meas <= 0:
+                continue
             lo, hi = np.quantile([crossing(at, row, tgt) for row in (band[j] + shift)[:, at]],
                                  BAND, method="inverted_cdf")
             pred_v = pred if math.isfinite(pred) else float(at[-1])  # at least this late
@@ -216,12 +223,17 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
                          "inside": bool(lo <= meas <= hi),
                          "error": pred_v / meas - 1})
     errs = [abs(row["error"]) for row in rows]
+    with_unreached = errs + [abs(u["error_at_least"]) for u in unreached]
     shown = sorted({row["target_loss"] for row in rows}) if callable(targets) else targets
     return {"fit_runs": len(fit_set), "check_runs": len(check_set), "points": len(rows),
             "targets": [round(t, 4) for t in shown],
             "median_abs_error": median(errs) if errs else None,
             "worst_abs_error": max(errs) if errs else None,
             "inside_band": (sum(r["inside"] for r in rows) / len(rows)) if rows else None,
+            "unreached": len(unreached),
+            # the median with each unreached target counted at its least error
+            "median_abs_error_with_unreached": (median(with_unreached) if with_unreached
+                                                else None),
             "fit_rms": f["rms"], "on_bound": f["on_bound"],
             "params": dict(zip(scaling.PARAMS, (float(v) for v in f["x"]), strict=True)),
-            "rows": rows}
+            "rows": rows, "unreached_rows": unreached}

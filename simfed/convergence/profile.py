@@ -127,9 +127,24 @@ class Check(FrozenModel):
     median_abs_error: Num | None = Field(None, ge=0)
     worst_abs_error: Num | None = Field(None, ge=0)
     inside_band: Num | None = Field(None, ge=0, le=1)
+    # targets the model has a check run reach and the run never reached (not in the median),
+    # and the median with each counted at its least error (1 - predicted / the run's steps)
+    unreached: int = Field(0, ge=0)
+    median_abs_error_with_unreached: Num | None = Field(None, ge=0)
     # the check set had been looked at before the model scored on it was fixed: development
     # data, not a held-out measurement (the "how sure" line says so)
     seen: StrictBool = False
+
+
+def unreached_note(check: dict[str, Any]) -> str:
+    """What a check's median leaves out, for its report line: '' when nothing."""
+    n = check.get("unreached") or 0
+    if not n:
+        return ""
+    with_them = check.get("median_abs_error_with_unreached")
+    return (f"; {n} target{'s' if n > 1 else ''} the model has reached and the run never "
+            "reached, not scored" + (f" (counted at their least error: median "
+                                     f"{with_them:.0%})" if with_them is not None else ""))
 
 
 class ProfileV2(FrozenModel):

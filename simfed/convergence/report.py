@@ -239,6 +239,7 @@ def _report(args: argparse.Namespace) -> None:
         print("\n".join(size_study(sizes)), end="\n\n")
         if args.holdout:
             from .calibrate_scaling import fixed_params, floor_min, held_out_checks, study_runs
+            from .profile import unreached_note
 
             # the point predictions only (no bootstrap band: `simfed calibrate --convergence`
             # reports the bands)
@@ -248,7 +249,7 @@ def _report(args: argparse.Namespace) -> None:
                 print(f"{how}, {c['what']} (fit {c['fit']}, check {c['check']}): "
                       f"{c['points']} points, median |steps-to-target error| "
                       + (f"{c['median_abs_error']:.1%}, worst {c['worst_abs_error']:.1%}"
-                         if c["median_abs_error"] is not None else "-"))
+                         if c["median_abs_error"] is not None else "-") + unreached_note(c))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -200,6 +201,25 @@ def test_fit_recovers_the_curves_and_predicts_an_unseen_size():
                         targets=[4.0, 3.5, 3.0])
     assert res["points"] >= 10
     assert res["median_abs_error"] < 0.05
+    assert res["unreached"] == 0 and res["unreached_rows"] == []
+    assert res["median_abs_error_with_unreached"] == res["median_abs_error"]
+    # a check run that stalls short of the targets the model has it reach: not scored as an
+    # error (no measured steps), listed with its least error, and counted in the second median
+    stalled = [replace(r, key=r.key + "/stalled",
+                       eval_loss=(r.eval_loss[0], *(max(v, 3.75) for v in r.eval_loss[1:])))
+               for r in check[:1]]
+    res2 = fitting.check(train, check + stalled, fixed=fixed, draws=0, targets=[4.0, 3.5, 3.0])
+    gone = [u for u in res2["unreached_rows"] if u["key"].endswith("/stalled")]
+    assert {u["target_loss"] for u in gone} == {3.5, 3.0}
+    for u in gone:
+        assert u["run_steps"] == 64 and 0 < u["predicted_steps"] < 64
+        assert u["error_at_least"] == pytest.approx(u["predicted_steps"] / 64 - 1, abs=1e-3)
+    assert res2["unreached"] == len(res2["unreached_rows"]) >= 2
+    assert res2["points"] == res["points"] + 1  # its 4.0 is still scored
+    counted = sorted([abs(r["error"]) for r in res2["rows"]]
+                     + [abs(u["error_at_least"]) for u in res2["unreached_rows"]])
+    assert res2["median_abs_error_with_unreached"] == pytest.approx(float(np.median(counted)))
+    assert len(counted) == res2["points"] + res2["unreached"]
 
 
 def test_fit_refuses_too_few_points_and_unknown_fixed():
