@@ -342,6 +342,25 @@ EXPERIMENTS = (
 )
 
 
+# Development data after the sixth check (read freely; no check up to the sixth fits or scores
+# them): at hidden 1024, the lr sweep's ends around the optimum the sixth check measured (FSDP
+# at 1e-4 and 3e-3), and the small batches it missed at lower learning rates (one group of 4 at
+# 1e-3 and 3e-4, FL+FSDP 4 x 4 with K = 4 at 1e-3).
+def h1024_lr_points() -> tuple[RunPoint, ...]:
+    return (RunPoint("fsdp", 1, lr=1e-3, seeds=(0,)), RunPoint("fsdp", 1, lr=3e-4, seeds=(0,)),
+            RunPoint("fl_fsdp", 4, 4, 1e-3, seeds=(0,)),
+            *(RunPoint("fsdp", 32, lr=x, seeds=(0,)) for x in (1e-4, 3e-3)))
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}-lr", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): "
+                 "lr sweep ends and small batches at lower lr (development data after the sixth "
+                 "check)", base=size_base(h, ffn), points=h1024_lr_points(), evals_per_run=32)
+      for h, ffn in SIXTH_SIZE.items()),
+)
+
+
 def experiment(name: str) -> Experiment:
     for e in EXPERIMENTS:
         if e.name == name:

@@ -94,7 +94,10 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     them the sixth check is also scored from step 0 ("sixth size, from step 0": the same fit
     and targets, the check runs' steps counted from their first step, as a scenario's
     prediction counts them)."""
-    every = runs  # the fifth check's fit additions are read by no earlier check
+    # the fifth check's fit additions are read by no earlier check, the data made after the
+    # sixth by none of these
+    every = [r for r in runs if r.source not in split.AFTER_SIXTH]
+    whole = [r for r in whole if r.source not in split.AFTER_SIXTH]
     runs = [r for r in every if r.source not in split.FIFTH_FIT_ONLY]
     scored = [r for r in runs if r.shape.segment != "pre"]
 
