@@ -99,6 +99,7 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     every = [r for r in runs if r.source not in split.AFTER_SIXTH]
     whole = [r for r in whole if r.source not in split.AFTER_SIXTH]
     runs = [r for r in every if r.source not in split.FIFTH_FIT_ONLY]
+    scored_every = [r for r in every if r.shape.segment != "pre"]
     scored = [r for r in runs if r.shape.segment != "pre"]
 
     def post(rs: list[Run]) -> list[Run]:
@@ -138,11 +139,9 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     plans += _fresh_plans(runs, scored, ("fourth size", "fourth horizon"),
                           split.FOURTH_FIT_HIDDEN, split.FOURTH_FIT_MAX_STEPS,
                           split.FOURTH_SIZE_HIDDEN, split.LONGEST_CHECK_STEPS)
-    plans += _fresh_plans(every, [r for r in every if r.shape.segment != "pre"],
-                          ("fifth size", ""), split.FIFTH_FIT_HIDDEN,
+    plans += _fresh_plans(every, scored_every, ("fifth size", ""), split.FIFTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.FIFTH_SIZE_HIDDEN, 0)
-    plans += _fresh_plans(every, [r for r in every if r.shape.segment != "pre"],
-                          ("sixth size", ""), split.SIXTH_FIT_HIDDEN,
+    plans += _fresh_plans(every, scored_every, ("sixth size", ""), split.SIXTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.SIXTH_SIZE_HIDDEN, 0)
     sixth = [p for p in plans if p["what"] == "sixth size"]
     from_zero = [r for r in whole if _hidden(r) == split.SIXTH_SIZE_HIDDEN]
