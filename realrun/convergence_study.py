@@ -361,6 +361,29 @@ EXPERIMENTS = (
 )
 
 
+# The seventh check, fixed before any of its runs was made: a fresh size (hidden 1280, 36.9M
+# non-embedding parameters, 1.6x the largest fitted) near the optimum hidden 1024 measured (lr
+# 3e-4: FSDP, one group of 4, FL+FSDP 4 x 4 with K = 4 and 32 x 4 with K = 8) and FSDP above
+# it (1e-3), cheapest first, evaluated every 4 steps.
+SEVENTH_SIZE = {1280: 3520}
+
+
+def seventh_size_points() -> tuple[RunPoint, ...]:
+    return (RunPoint("fsdp", 1, lr=3e-4, seeds=(0,)),
+            RunPoint("fl_fsdp", 4, 4, 3e-4, seeds=(0,)),
+            *(RunPoint("fsdp", 32, lr=x, seeds=(0,)) for x in (3e-4, 1e-3)),
+            RunPoint("fl_fsdp", 32, 8, 3e-4, seeds=(0,)))
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}", f"Llama, 2 layers, hidden {h}, the King James Bible (bytes): the "
+                 "fresh size of the seventh check (lr 3e-4 and 1e-3, the central shapes)",
+                 base=size_base(h, ffn), points=seventh_size_points(), evals_per_run=32)
+      for h, ffn in SEVENTH_SIZE.items()),
+)
+
+
 def experiment(name: str) -> Experiment:
     for e in EXPERIMENTS:
         if e.name == name:

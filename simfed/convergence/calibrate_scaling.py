@@ -91,11 +91,12 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     fitted, what is predicted, and the losses scored. Scored on the stage after the unigram
     plateau ("post" segments of runs.segments, steps counted from where the loss leaves it;
     whole runs where the study has no unigram loss). `whole`: the same runs unsegmented; with
-    them the sixth check is also scored from step 0 ("sixth size, from step 0": the same fit
-    and targets, the check runs' steps counted from their first step, as a scenario's
-    prediction counts them)."""
+    them the sixth and seventh checks are also scored from step 0 ("sixth size, from step 0":
+    the same fit and targets, the check runs' steps counted from their first step, as a
+    scenario's prediction counts them)."""
     # the fifth check's fit additions are read by no earlier check, the data made after the
-    # sixth by none of these
+    # sixth by none up to the sixth (the seventh fits it)
+    runs_all = list(runs)
     every = [r for r in runs if r.source not in split.AFTER_SIXTH]
     whole = [r for r in whole if r.source not in split.AFTER_SIXTH]
     runs = [r for r in every if r.source not in split.FIFTH_FIT_ONLY]
@@ -143,10 +144,16 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
                           split.FIFTH_FIT_MAX_STEPS, split.FIFTH_SIZE_HIDDEN, 0)
     plans += _fresh_plans(every, scored_every, ("sixth size", ""), split.SIXTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.SIXTH_SIZE_HIDDEN, 0)
-    sixth = [p for p in plans if p["what"] == "sixth size"]
-    from_zero = [r for r in whole if _hidden(r) == split.SIXTH_SIZE_HIDDEN]
-    if sixth and from_zero:
-        plans.append({**sixth[0], "what": "sixth size, from step 0", "check_set": from_zero})
+    plans += _fresh_plans(runs_all, [r for r in runs_all if r.shape.segment != "pre"],
+                          ("seventh size", ""), split.SEVENTH_FIT_HIDDEN,
+                          split.FIFTH_FIT_MAX_STEPS, split.SEVENTH_SIZE_HIDDEN, 0)
+    for name, hidden in (("sixth size", split.SIXTH_SIZE_HIDDEN),
+                         ("seventh size", split.SEVENTH_SIZE_HIDDEN)):
+        size = [p for p in plans if p["what"] == name]
+        from_zero = [r for r in whole if _hidden(r) == hidden]
+        if size and from_zero:
+            plans.append({**size[0], "what": f"{name}, from step 0", "check_set": from_zero,
+                          "seen": f"{name}, from step 0" in split.SEEN_CHECKS})
     return plans
 
 

@@ -106,9 +106,11 @@ SIXTH_FIT_HIDDEN = (*FIFTH_FIT_HIDDEN, FIFTH_SIZE_HIDDEN)
 SIXTH_SIZE_HIDDEN = 1024
 # development data made after the sixth check was scored: read by no check up to the sixth
 AFTER_SIXTH = ("kjv-h1024-lr",)
+SEVENTH_FIT_HIDDEN = (*SIXTH_FIT_HIDDEN, SIXTH_SIZE_HIDDEN)
+SEVENTH_SIZE_HIDDEN = 1280
 # checks scored before the scaling model last changed: their runs were seen
 SEEN_CHECKS = ("fresh size", "fresh horizon", "third size", "third horizon", "fourth size",
-               "fourth horizon", "fifth size")
+               "fourth horizon", "fifth size", "sixth size", "sixth size, from step 0")
 
 
 def is_size_check(run: dict[str, Any]) -> bool:

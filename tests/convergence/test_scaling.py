@@ -418,14 +418,20 @@ def test_check_plans_follow_the_split():
     # the fifth check: fit additions at hidden 512 and 640 (its fit alone) and hidden 768
     lr_ends = [run(512, 128, 2.45, "kjv-h512-lr"), run(640, 128, 2.35, "kjv-h640-lr")]
     runs += [*lr_ends, run(768, 128, 2.2), run(1024, 128, 2.1)]
-    # data made after the sixth check was scored: no check reads it
-    plans = {p["what"]: p for p in check_plans([*runs, run(1024, 128, 2.0, "kjv-h1024-lr")])}
+    # data made after the sixth check was scored: no check up to the sixth reads it, the
+    # seventh fits it
+    after = run(1024, 128, 2.0, "kjv-h1024-lr")
+    seventh = run(1280, 128, 1.9)
+    plans = {p["what"]: p for p in check_plans([*runs, after, seventh])}
     assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
                            "third size", "third horizon", "fourth size", "fourth horizon",
-                           "fifth size", "sixth size"]
-    # the model changed after the checks before the sixth were scored: only the sixth is
+                           "fifth size", "sixth size", "seventh size"]
+    # the model changed after the checks before the seventh were scored: only the seventh is
     # held out
-    assert [p["seen"] for p in plans.values()] == [True] * 9 + [False]
+    assert [p["seen"] for p in plans.values()] == [True] * 10 + [False]
+    assert plans["seventh size"]["check_set"] == [seventh]
+    assert {r.key for r in plans["seventh size"]["fit_set"]} == {r.key for r in [*runs, after]}
+    plans.pop("seventh size")
     assert {r.key for r in plans["sixth size"]["check_set"]} == {"h1024/s128"}
     assert {r.key for r in plans["sixth size"]["fit_set"]} == {r.key for r in runs} - {
         "h1024/s128"}
@@ -437,10 +443,17 @@ def test_check_plans_follow_the_split():
     whole = [run(1024, 128, 2.1, "whole"), run(768, 128, 2.2, "whole")]
     zero = {p["what"]: p for p in check_plans(runs, [*whole, run(1024, 128, 2.0, "kjv-h1024-lr")])}
     assert list(zero) == [*plans, "sixth size, from step 0"]
+    both = {p["what"]: p for p in check_plans([*runs, seventh],
+                                               [*whole, run(1280, 128, 1.9, "whole")])}
+    assert list(both) == [*plans, "seventh size", "sixth size, from step 0",
+                          "seventh size, from step 0"]
+    assert [r.key for r in both["seventh size, from step 0"]["check_set"]] == ["h1280/s128whole"]
+    assert not both["seventh size, from step 0"]["seen"]
+    assert both["seventh size, from step 0"]["targets"] == both["seventh size"]["targets"]
     assert [r.key for r in zero["sixth size, from step 0"]["check_set"]] == ["h1024/s128whole"]
     assert zero["sixth size, from step 0"]["fit_set"] == zero["sixth size"]["fit_set"]
     assert zero["sixth size, from step 0"]["targets"] == zero["sixth size"]["targets"]
-    assert not zero["sixth size, from step 0"]["seen"]
+    assert zero["sixth size, from step 0"]["seen"]
     for what, p in plans.items():  # the lr ends enter the fifth and sixth checks' fits alone
         if what not in ("fifth size", "sixth size"):
             assert not {r.key for r in lr_ends} & {r.key for r in p["fit_set"] + p["check_set"]}
