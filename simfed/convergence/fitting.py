@@ -56,14 +56,19 @@ STARTS = ({}, {"log_lr_star": 1.2}, {"log_lr_star": -1.2},
           {"log_progress_scale": 2.3, "exponent": 0.5})
 
 
+# parameters of the scaling model held at these values unless a fit names them in `extra`
+OFF_UNLESS_ASKED = {"lr_damage": 0.0}
+
+
 def fit(runs: list[Run], floor_min: float = 0.0, fixed: dict[str, float] | None = None,
         x0: np.ndarray | None = None, max_blocks: int = 128,
-        starts: tuple[dict[str, float], ...] = STARTS, max_nfev: int = 300) -> dict[str, Any]:
+        starts: tuple[dict[str, float], ...] = STARTS, max_nfev: int = 300,
+        extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """Least squares of the scaling model over every evaluation point after step 0 of `runs`,
     from the best of `starts` (or from `x0`); `fixed` pins parameters by name (they get zero
-    variance). Runs longer than `max_blocks` steps are integrated in that many blocks
-    (scaling.loss_at)."""
-    fixed = fixed or {}
+    variance), and so does OFF_UNLESS_ASKED those not in `extra`. Runs longer than `max_blocks`
+    steps are integrated in that many blocks (scaling.loss_at)."""
+    fixed = {**{k: v for k, v in OFF_UNLESS_ASKED.items() if k not in extra}, **(fixed or {})}
     unknown = [k for k in fixed if k not in scaling.IDX]
     if unknown:
         raise SpecError(f"convergence fit: unknown parameter {unknown[0]!r}; expected one of "
@@ -141,7 +146,8 @@ def configurations(runs: list[Run]) -> list[list[Run]]:
 
 def bootstrap(runs: list[Run], n: int, *, floor_min: float = 0.0,
               fixed: dict[str, float] | None = None, seed: int = 0,
-              x0: np.ndarray | None = None, jobs: int = 1) -> np.ndarray:
+              x0: np.ndarray | None = None, jobs: int = 1, extra: tuple[str, ...] = ()
+              ) -> np.ndarray:
     """Parameter vectors refitted on `n` resamples of the configurations (with replacement):
     the spread the same kind of measurements would have given. Deterministic (seeded, and the
     same for any number of `jobs`, the processes the refits run in); each refit starts from
@@ -150,7 +156,7 @@ def bootstrap(runs: list[Run], n: int, *, floor_min: float = 0.0,
     groups = configurations(runs)
     picks = [[r for i in rng.integers(0, len(groups), size=len(groups)) for r in groups[i]]
              for _ in range(n)]
-    refit = functools.partial(_refit, floor_min=floor_min, fixed=fixed, x0=x0)
+    refit = functools.partial(_refit, floor_min=floor_min, fixed=fixed, x0=x0, extra=extra)
     if jobs > 1 and n > 1:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(min(jobs, n), mp_context=ctx) as pool:
@@ -161,9 +167,9 @@ def bootstrap(runs: list[Run], n: int, *, floor_min: float = 0.0,
 
 
 def _refit(pick: list[Run], *, floor_min: float, fixed: dict[str, float] | None,
-           x0: np.ndarray | None) -> np.ndarray | None:
+           x0: np.ndarray | None, extra: tuple[str, ...] = ()) -> np.ndarray | None:
     try:
-        return fit(pick, floor_min, fixed, x0=x0)["x"]
+        return fit(pick, floor_min, fixed, x0=x0, extra=extra)["x"]
     except SpecError:
         return None
 
@@ -179,14 +185,17 @@ def draws_with_noise(x: np.ndarray, draws: np.ndarray, residual_sd: float, n: in
 def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
           fixed: dict[str, float] | None = None,
           targets: list[float] | Callable[[Run], list[float]] | None = None,
-          draws: int = 20, samples: int = 100, seed: int = 0) -> dict[str, Any]:
+          draws: int = 20, samples: int = 100, seed: int = 0, extra: tuple[str, ...] = ()
+          ) -> dict[str, Any]:
     """Fit on `fit_set`, predict every run of `check_set`: steps to each target it reaches
     (error = predicted / measured - 1) and whether the measured steps lie in [p10, p90].
+    `extra`: parameters of OFF_UNLESS_ASKED that the fit frees.
     `targets`: the losses scored, the same for every check run or a function of the run."""
     from .split import targets as split_targets
 
-    f = fit(fit_set, floor_min, fixed)
-    boot = (bootstrap(fit_set, draws, floor_min=floor_min, fixed=fixed, seed=seed, x0=f["x"])
+    f = fit(fit_set, floor_min, fixed, extra=extra)
+    boot = (bootstrap(fit_set, draws, floor_min=floor_min, fixed=fixed, seed=seed, x0=f["x"],
+                      extra=extra)
             if draws else np.empty((0, len(scaling.PARAMS))))
     thetas, shift = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed)
     if targets is None:

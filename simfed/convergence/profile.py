@@ -100,6 +100,8 @@ class ScalingParams(FrozenModel):
     lr_tail: Num = Field(1.0, ge=0.55, le=4)
     # its size dependence, gamma(N) = gamma (N / 1e6)^-t (0: the same at every size)
     lr_tail_size_exponent: Num = Field(0.0, ge=-2, le=2)
+    # the persistent damage of a step above its optimum (0: none, as profiles without it)
+    lr_damage: Num = Field(0.0, ge=0, le=100)
 
 
 class FittedRangeV2(FrozenModel):
@@ -163,7 +165,7 @@ class ProfileV2(FrozenModel):
 
 # parameters added to the scaling model after profiles were shipped, last in PARAMS: a profile
 # fitted before them has shorter covariance and draw rows and reads as their defaults
-OPTIONAL_SCALING = ("lr_tail", "lr_tail_size_exponent")
+OPTIONAL_SCALING = ("lr_tail", "lr_tail_size_exponent", "lr_damage")
 
 
 def padded_length(n: int, cov_rows: list[int], draw_rows: list[int]) -> int | None:

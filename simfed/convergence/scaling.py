@@ -57,8 +57,18 @@ than the quadratic (a plain gradient step's) says. gamma depends on size, gamma(
 (N / N_0)^(-t) with t fitted (`lr_tail_size_exponent`; 0 in profiles fitted before it), held at
 or above TAIL_MIN.
 
+A step above its optimum may also do lasting harm (`lr_damage`, beta >= 0; 0 in the shipped
+profile, fitted by the seventh held-out check's variant): the size study's runs far above their
+best learning rate progress several times more slowly than those below it long after the
+schedule has brought their learning rate down, so the damage D accumulates, D += beta (x / x_pk
+- 1)^2 for a step at x above the step's optimum x_pk = s / sqrt(2 gamma - 1) (small batches,
+with a smaller s, are harmed at a lower learning rate), and every later step of the context
+stage makes exp(-D) of its progress. A "post" segment carries the damage of the steps before
+its start (their learning rates against the optimum at its starting loss).
+
 Parameters (in the order of PARAMS): ln eta*_0, c, ln B*, 1/alpha_B, ln P_c, alpha, d, E, ln A,
-a, ln kappa, L_u (the data's, measured where the study records it), ln P_1, ln eta*_1, gamma, t.
+a, ln kappa, L_u (the data's, measured where the study records it), ln P_1, ln eta*_1, gamma, t,
+beta.
 L_0 is each run's untrained loss (measured, or ln(vocab)).
 """
 
@@ -75,7 +85,8 @@ N_REF = 1e6
 PARAMS = ("log_lr_star", "lr_size_exponent", "log_noise_star", "noise_loss_exponent",
           "log_progress_scale", "exponent", "progress_size_exponent", "loss_floor",
           "log_floor_coef", "floor_size_exponent", "log_fl_kappa", "unigram_loss",
-          "log_unigram_scale", "log_unigram_lr_star", "lr_tail", "lr_tail_size_exponent")
+          "log_unigram_scale", "log_unigram_lr_star", "lr_tail", "lr_tail_size_exponent",
+          "lr_damage")
 IDX = {p: i for i, p in enumerate(PARAMS)}
 # what each parameter means, for reports and profiles
 DESCRIBE = {
@@ -96,6 +107,9 @@ DESCRIBE = {
     "lr_tail": "gamma in r = 2 x s / (1 + x^2 / s^2)^gamma: how slowly progress falls above "
                "the optimal learning rate (1: as fast as 1 / x), at 1e6 non-embedding params",
     "lr_tail_size_exponent": "t in gamma(N) = gamma (N / 1e6)^-t (held at or above 0.55)",
+    "lr_damage": "beta: each step at x above its optimum x_pk = s / sqrt(2 gamma - 1) "
+                 "multiplies the progress of every later context step by exp(-beta (x / x_pk "
+                 "- 1)^2) (0: none)",
 }
 TAIL_MIN = 0.55  # lr_tail's lower bound: at 0.5 progress no longer falls above an optimum
 # parameters that belong to the data and tokenizer rather than to the optimizer's dynamics:
@@ -116,13 +130,13 @@ def bounds(floor_min: float, best_loss: float, loss_init: float) -> Bounds:
     top = max(floor_min + 1e-3, best_loss - 1e-3)
     lo = np.array([math.log(1e-6), -1.0, math.log(1.0), 0.0, math.log(1e-3), 0.02, -2.0,
                    floor_min, math.log(1e-4), 0.0, math.log(1e-4), floor_min, math.log(1e-3),
-                   math.log(1e-6), TAIL_MIN, -1.0])
+                   math.log(1e-6), TAIL_MIN, -1.0, 0.0])
     hi = np.array([math.log(10.0), 2.0, math.log(1e12), 12.0, math.log(1e6), 4.0, 2.0,
                    top, math.log(1e2), 2.0, math.log(1e3), loss_init, math.log(1e3),
-                   math.log(10.0), 4.0, 1.0])
+                   math.log(10.0), 4.0, 1.0, 1.0])
     x0 = np.array([math.log(3e-3), 0.3, math.log(1e4), 2.0, math.log(10.0), 0.5, 0.0,
                    floor_min + 0.5 * (best_loss - floor_min), math.log(0.3), 0.3, 0.0,
-                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(3e-3), 1.0, 0.0])
+                   0.5 * (loss_init + best_loss), math.log(1.0), math.log(3e-3), 1.0, 0.0, 0.01])
     return Bounds(lo, hi, np.clip(x0, lo + 1e-6, hi - 1e-6))
 
 
@@ -201,16 +215,38 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     loss = np.broadcast_to(l0, progress.shape).copy()
     out[:, :, 0] = loss
     tokens = b * g_eff  # the groups' average learns as one model on G_eff x b tokens a step
+    beta = col["lr_damage"]
+    ratio = optimum_ratio(tail)  # x_pk = s / ratio
+    damage = _damage_before(theta, shapes, lr_star, l0, b_star, nexp, tokens, ratio, beta)
     for i in range(blocks):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
         s1 = np.sqrt(tokens / (tokens + b_noise))
-        progress = np.maximum(progress + _step(sum_lr[:, i], sum_lr2[:, i], lr_star, s1,
-                                               width[i], tail), 0.0)
+        step2 = _step(sum_lr[:, i], sum_lr2[:, i], lr_star, s1, width[i], tail)
+        progress = np.maximum(progress + np.exp(-damage) * step2, 0.0)
+        over = np.maximum(sum_lr[None, :, i] / (lr_star * width[i]) * ratio / s1 - 1.0, 0.0)
+        damage = damage + beta * width[i] * over * over
         progress1 = np.maximum(progress1 + _step(sum_lr[:, i], sum_lr2[:, i], lr_star1, s1,
                                                  width[i], tail), 0.0)
         loss = (floor_pre + span2 * np.power(1.0 + progress / pc, -alpha)
                 + span1 * np.exp(-progress1 / p1))
         out[:, :, i + 1] = loss
+    return out
+
+
+def _damage_before(theta: np.ndarray, shapes: list[Shape], lr_star: np.ndarray, l0: np.ndarray,
+                   b_star: np.ndarray, nexp: np.ndarray, tokens: np.ndarray, ratio: np.ndarray,
+                   beta: np.ndarray) -> np.ndarray:
+    """The damage a "post" segment carries from the steps before its start (n, m): those steps'
+    learning rates against the optimum at the segment's starting loss."""
+    out = np.zeros((theta.shape[0], len(shapes)))
+    for j, s in enumerate(shapes):
+        if s.segment != "post" or s.start_step <= 0:
+            continue
+        lr = s.lr_values()[: s.start_step][None, :]
+        noise = b_star[:, 0] * max(l0[0, j], 1e-3) ** (-nexp[:, 0])
+        sig = np.sqrt(tokens[:, j] / (tokens[:, j] + noise))[:, None]
+        over = np.maximum(lr / lr_star[:, j:j + 1] * ratio[:, j:j + 1] / sig - 1.0, 0.0)
+        out[:, j] = beta[:, 0] * np.sum(over * over, axis=1)
     return out
 
 

@@ -28,7 +28,8 @@ TRUE = {"log_lr_star": math.log(4e-3), "lr_size_exponent": 0.35,
         "log_progress_scale": math.log(8.0), "exponent": 0.6, "progress_size_exponent": 0.2,
         "loss_floor": 1.2, "log_floor_coef": math.log(0.4), "floor_size_exponent": 0.3,
         "log_fl_kappa": math.log(0.5), "unigram_loss": 3.0, "log_unigram_scale": math.log(0.5),
-        "log_unigram_lr_star": math.log(8e-3), "lr_tail": 0.7, "lr_tail_size_exponent": 0.1}
+        "log_unigram_lr_star": math.log(8e-3), "lr_tail": 0.7, "lr_tail_size_exponent": 0.1,
+        "lr_damage": 0.0}
 X = np.array([TRUE[p] for p in scaling.PARAMS])
 L0 = 5.5
 
@@ -151,6 +152,34 @@ def test_the_tail_flattens_with_size_as_its_exponent_says():
         lost[t] = after(4 * best) - after(best)
     assert lost[0.2] < lost[0.0]
     assert scaling.tail_at(0.7, 0.2, 1e6) == pytest.approx(scaling.TAIL_MIN)
+
+
+def test_a_step_above_its_optimum_slows_every_later_step():
+    """lr_damage beta: a step at x above its optimum x_pk multiplies every later context step's
+    progress by exp(-beta (x / x_pk - 1)^2). Below the optimum nothing changes; above it the
+    run ends higher, and the harm outlives the learning rate: after it falls to the optimum the
+    damaged run still learns more slowly; a "post" segment carries the damage of the steps
+    before its start."""
+    x0 = X.copy()
+    x0[scaling.IDX["lr_tail_size_exponent"]] = 0.0
+    hurt = x0.copy()
+    hurt[scaling.IDX["lr_damage"]] = 0.02
+    best = scaling.optimal_lr(x0, 4e5)
+    low = shape(lr=0.5 * best, steps=64)
+    assert np.array_equal(curve(low, hurt), curve(low, x0))
+    high = shape(lr=6 * best, steps=64)
+    assert curve(high, hurt)[-1] > curve(high, x0)[-1] + 0.01
+    # 16 steps at 6x the optimum, then 48 at it: the second part learns less when damaged
+    knots = ((1, 6 * best), (16, 6 * best), (17, best), (64, best))
+    both = shape(lr=6 * best, steps=64, warmup_steps=1, lr_knots=knots)
+    drop = {k: (c[20] - c[-1]) for k, c in (("hurt", curve(both, hurt)),
+                                             ("whole", curve(both, x0)))}
+    assert 0 < drop["hurt"] < 0.9 * drop["whole"]
+    post = replace(both, segment="post", start_step=16, loss_init=2.9)
+    assert curve(post, hurt)[-1] > curve(post, x0)[-1] + 0.01
+    calm = replace(both, lr_knots=((1, best / 2), (64, best / 2)), segment="post", start_step=16,
+                   loss_init=2.9)
+    assert np.array_equal(curve(calm, hurt), curve(calm, x0))
 
 
 def test_larger_batches_and_more_groups_never_learn_slower_per_step():
@@ -425,13 +454,17 @@ def test_check_plans_follow_the_split():
     plans = {p["what"]: p for p in check_plans([*runs, after, seventh])}
     assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
                            "third size", "third horizon", "fourth size", "fourth horizon",
-                           "fifth size", "sixth size", "seventh size"]
+                           "fifth size", "sixth size", "seventh size",
+                           "seventh size (lr damage fitted)"]
     # the model changed after the checks before the seventh were scored: only the seventh is
-    # held out
-    assert [p["seen"] for p in plans.values()] == [True] * 10 + [False]
+    # held out, and scored a second time with the learning rate's damage fitted
+    assert [p["seen"] for p in plans.values()] == [True] * 10 + [False, False]
     assert plans["seventh size"]["check_set"] == [seventh]
     assert {r.key for r in plans["seventh size"]["fit_set"]} == {r.key for r in [*runs, after]}
-    plans.pop("seventh size")
+    variant = plans.pop("seventh size (lr damage fitted)")
+    assert variant["free"] == ("lr_damage",) and "free" not in plans["seventh size"]
+    assert variant["fit_set"] == plans["seventh size"]["fit_set"]
+    assert variant["check_set"] == plans.pop("seventh size")["check_set"]
     assert {r.key for r in plans["sixth size"]["check_set"]} == {"h1024/s128"}
     assert {r.key for r in plans["sixth size"]["fit_set"]} == {r.key for r in runs} - {
         "h1024/s128"}
@@ -446,7 +479,8 @@ def test_check_plans_follow_the_split():
     both = {p["what"]: p for p in check_plans([*runs, seventh],
                                                [*whole, run(1280, 128, 1.9, "whole")])}
     assert list(both) == [*plans, "seventh size", "sixth size, from step 0",
-                          "seventh size, from step 0"]
+                          "seventh size, from step 0", "seventh size (lr damage fitted)",
+                          "seventh size, from step 0 (lr damage fitted)"]
     assert [r.key for r in both["seventh size, from step 0"]["check_set"]] == ["h1280/s128whole"]
     assert not both["seventh size, from step 0"]["seen"]
     assert both["seventh size, from step 0"]["targets"] == both["seventh size"]["targets"]
@@ -494,13 +528,13 @@ def test_check_plans_follow_the_split():
 
 def test_a_profile_fitted_before_the_last_parameters_reads_them_as_defaults():
     """The shipped profile with its trailing optional parameters taken out (covariance and
-    draws one or two columns shorter) parses, with those parameters at their defaults and no
+    draws one to three columns shorter) parses, with those parameters at their defaults and no
     variance; a row of another length is refused in one line."""
     from simfed.convergence import profile
 
     prof = yaml.safe_load((ROOT / "scenarios/convergence/kjv-scaling.yaml").read_text())
     prof = prof["convergence"]["profile"] if "convergence" in prof else prof
-    for drop in (1, 2):
+    for drop in (1, 2, 3):
         old = json.loads(json.dumps(prof))
         n = len(scaling.PARAMS) - drop
         for k in scaling.PARAMS[n:]:
@@ -512,6 +546,6 @@ def test_a_profile_fitted_before_the_last_parameters_reads_them_as_defaults():
         assert all(len(r) == len(scaling.PARAMS) for r in p.draws)
         assert p.draws[0][-1] == profile.ScalingParams.model_fields[scaling.PARAMS[-1]].default
         assert p.covariance[-1][-1] == 0.0
-    old["draws"] = [r[:-3] for r in old["draws"]]
+    old["draws"] = [r[:-4] for r in old["draws"]]
     with pytest.raises(SpecError, match=f"every row must have {len(scaling.PARAMS)} values"):
         profile.parse(old, "scaling")
