@@ -27,7 +27,8 @@ def test_the_envelope_is_the_published_runs_range_and_their_claims():
     assert env["cases"] == len(gpus)
     assert env["claims"] == load_claims()
     assert set(env["gpus_families"]) == {"A100", "H100"}
-    assert set(env["frameworks"]) == {"pytorch-fsdp1", "jax-xla", "deepspeed-zero3"}
+    assert set(env["frameworks"]) == {"pytorch-fsdp1", "pytorch-fsdp2", "jax-xla",
+                                      "deepspeed-zero3"}
 
 
 def test_a_validated_run_gets_the_check_sets_bound():
@@ -43,11 +44,13 @@ def test_each_uncovered_factor_widens_by_the_check_sets_measure_of_it():
     env = published_envelope()
     w = env["claims"]["widen"]
     top = env["ranges"]["gpus"][1]
-    # 16,384 GPUs: log2(16384 / top) doublings beyond the validated GPU counts; FSDP2 is a
-    # framework no validated run ran
+    # 16,384 GPUs: log2(16384 / top) doublings beyond the validated GPU counts. FSDP2 is
+    # validated (torchtitan's runs): not widened; an envelope without those runs widens it
     scn = load_scenario("scenarios/h100-1024.yaml", {"cluster.nodes": 2048,
                                                       "training.fsdp_version": 2})
     assert scenario_framework(scn) == "pytorch-fsdp2"
+    assert [t.split(" ")[0] for t, _ in widened(scn, env)[1]] == ["GPUs"]
+    env = {**env, "frameworks": [f for f in env["frameworks"] if f != "pytorch-fsdp2"]}
     bound, factors = widened(scn, env)
 
     doublings = math.log2(16384 / top)
