@@ -205,9 +205,10 @@ SCALING_PARAMS = {  # ScalingParams: (lo, hi, lo refused)
     "log_unigram_scale": (-20, 20, False),
     "log_unigram_lr_star": (math.log(1e-8), math.log(100), False),
     "lr_tail": (0.55, 4, False), "lr_tail_size_exponent": (-2, 2, False),
+    "lr_damage": (0, 100, False),
 }
 # profiles fitted before these read as their defaults
-OPTIONAL_PARAMS = ("lr_tail", "lr_tail_size_exponent")
+OPTIONAL_PARAMS = ("lr_tail", "lr_tail_size_exponent", "lr_damage")
 NOISE_PARAMS = {  # NoiseProgressParams
     "log_progress_scale": (-20, 20, False), "exponent": (0, 10, True),
     "log_noise_tokens": (-20, 40, False), "noise_exponent": (0, 10, False),
