@@ -216,15 +216,19 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     out[:, :, 0] = loss
     tokens = b * g_eff  # the groups' average learns as one model on G_eff x b tokens a step
     beta = col["lr_damage"]
+    hurt = bool(np.any(beta > 0))  # without damage its bookkeeping is skipped
     ratio = optimum_ratio(tail)  # x_pk = s / ratio
-    damage = _damage_before(theta, shapes, lr_star, l0, b_star, nexp, tokens, ratio, beta)
+    damage = (_damage_before(theta, shapes, lr_star, l0, b_star, nexp, tokens, ratio, beta)
+              if hurt else np.zeros_like(progress))
     for i in range(blocks):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
         s1 = np.sqrt(tokens / (tokens + b_noise))
         step2 = _step(sum_lr[:, i], sum_lr2[:, i], lr_star, s1, width[i], tail)
-        progress = np.maximum(progress + np.exp(-damage) * step2, 0.0)
-        over = np.maximum(sum_lr[None, :, i] / (lr_star * width[i]) * ratio / s1 - 1.0, 0.0)
-        damage = damage + beta * width[i] * over * over
+        if hurt:
+            step2 = np.exp(-damage) * step2
+            over = np.maximum(sum_lr[None, :, i] / (lr_star * width[i]) * ratio / s1 - 1.0, 0.0)
+            damage = damage + beta * width[i] * over * over
+        progress = np.maximum(progress + step2, 0.0)
         progress1 = np.maximum(progress1 + _step(sum_lr[:, i], sum_lr2[:, i], lr_star1, s1,
                                                  width[i], tail), 0.0)
         loss = (floor_pre + span2 * np.power(1.0 + progress / pc, -alpha)
