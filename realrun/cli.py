@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -14,6 +13,7 @@ from simfed.spec.messages import internal_error_line, one_line, shown
 from simfed.spec.overrides import parse_sets
 from simfed.spec.paths import check_output
 
+from .emulator_cost import check_converge_cost
 from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, RealrunError
 
 
@@ -42,46 +42,6 @@ class _Group(click.Group):
         except Exception as exc:  # RecursionError and MemoryError included
             click.echo(internal_error_line("realrun", exc, sys.argv[1:]), err=True)
             sys.exit(EXIT_INTERNAL)
-
-
-# the emulator's cost (`realrun converge`), checked before anything is allocated. Measured with
-# scenarios/convergence-tiny.yaml on one core of a shared 2-core host: 128 FL groups x 108,864
-# parameters with 16,384 tokens per step peaked at 2.1 GB, 1,024 groups with 131,072 tokens at
-# 11.7 GB; about 5 GFLOP/s (6 x parameters x tokens per step).
-MAX_CONVERGE_BYTES = 16 * 2**30  # the estimate below (the study's largest run: 6.3 GiB by it)
-MAX_CONVERGE_FLOPS = 1e15  # about two days at 5 GFLOP/s (the study's longest run: 4e13)
-
-
-def converge_cost(sc: Any, algo: Any) -> tuple[int, int, float]:
-    """(groups, estimated bytes, FLOPs) of emulating `algo` of `sc`: 20 bytes per parameter
-    per group (fp32 parameters, gradients, Adam's two moments, the FedAvg mean) and 16 bytes
-    per activation value of the step's tokens (layers x (16 hidden + 4 ffn + 3 heads x seq_len)
-    + 4 vocab values a token: the model's tensors, x 4 for autograd and vmap as measured)."""
-    m, t = sc.model, sc.training
-    plan = algo.plan(sc.cluster)
-    tokens = plan.world * t.micro_batch * t.seq_len
-    per_token = m.layers * (16 * m.hidden + 4 * m.ffn_hidden + 3 * m.heads * t.seq_len) \
-        + 4 * m.vocab
-    nbytes = 20 * plan.groups * m.total_params + 16 * tokens * per_token
-    return plan.groups, nbytes, 6.0 * m.total_params * tokens * t.steps
-
-
-def check_converge_cost(sc: Any, algos: list[Any]) -> None:
-    """A RealrunError naming the limit when emulating `algos` would not fit or not end."""
-    for a in algos:
-        groups, nbytes, flops = converge_cost(sc, a)
-        tokens = a.plan(sc.cluster).world * sc.training.micro_batch * sc.training.seq_len
-        what = (f"{a.display}: {groups:,} group{'' if groups == 1 else 's'} x "
-                f"{sc.model.total_params:,} parameters, {tokens:,} tokens a step, "
-                f"{sc.training.steps:,} steps")
-        if nbytes > MAX_CONVERGE_BYTES:
-            raise RealrunError(f"{what} need about {nbytes / 2**30:,.1f} GiB in the emulator; "
-                               f"the limit is {MAX_CONVERGE_BYTES / 2**30:.0f} GiB (fewer "
-                               "cluster.nodes or a smaller model)")
-        if flops > MAX_CONVERGE_FLOPS:
-            raise RealrunError(f"{what} are {flops:.2g} FLOPs; the limit is "
-                               f"{MAX_CONVERGE_FLOPS:.0e} (about two days at the emulator's "
-                               "5 GFLOP/s; fewer steps)")
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -42,6 +42,7 @@ from simfed.spec.paths import write_text_atomic
 
 from .converge import emulate
 from .data import load_corpus
+from .emulator_cost import check_converge_cost
 from .errors import RealrunError
 
 STUDY_SCHEMA = "realrun.convergence_study/1"
@@ -403,6 +404,10 @@ def _round(xs: list[float]) -> list[float]:
 def run_point(exp: Experiment, point: RunPoint, seed: int, quick: bool) -> dict[str, Any]:
     over = {**exp.base, **point.overrides(), **(QUICK if quick else {})}
     sc = load_scenario(BASE, over)
+    try:  # before anything is allocated: the runs already made stay in the study's file
+        check_converge_cost(sc, [sc.algorithm(point.algorithm)])
+    except RealrunError as exc:
+        raise RealrunError(f"{exp.name} {point.key}: {exc}") from None
     corpus = load_corpus(sc, BASE)
     every = exp.eval_every
     if exp.evals_per_run:

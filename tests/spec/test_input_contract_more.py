@@ -14,7 +14,7 @@ from simfed.spec import SpecError, load_scenario
 from simfed.spec.jsonio import read_json
 from simfed.spec.messages import MAX_SHOWN, one_line, shown
 
-from ..conftest import SCENARIOS
+from ..conftest import ROOT, SCENARIOS
 
 CPU4 = SCENARIOS / "cpu4.yaml"
 
@@ -142,7 +142,7 @@ def rr():
 
 @pytest.mark.parametrize("argv, needles", [
     (["--set", "cluster.nodes=100000"], ["FSDP: 1 group x", "GiB in the emulator",
-                                         "the limit is 16 GiB"]),
+                                         "the limit is", "80% of this host's memory"]),
     (["-a", "fl_fsdp", "--set", "cluster.nodes=100000"], ["100,000 groups x 108,864"]),
     (["--set", "training.steps=1000000000"], ["FLOPs; the limit is 1e+15"]),
     (["--set", "training.betas=[-0.1,0.9]"], ["training.betas: must be >= 0"]),
@@ -162,6 +162,27 @@ def test_realrun_converge_study_unknown_experiment_is_exit_2(tmp_path, rr):
                                        str(tmp_path / "cs")])
     _one_error_line(res, "--only 'bogus': expected one of")
     assert not (tmp_path / "cs").exists()
+
+
+def test_realrun_converge_study_refuses_a_run_too_large_for_the_host(tmp_path, rr,
+                                                                      monkeypatch):
+    """A study run whose estimate exceeds the host's limit is refused in one line naming the
+    experiment and the run, before anything is allocated; the runs already made stay as they
+    were (the seventh check's study, resumed: only FL+FSDP 32 x 4 at hidden 1280 is left)."""
+    import shutil
+
+    import realrun.emulator_cost as cost
+
+    monkeypatch.setattr(cost, "max_converge_bytes", lambda: 20 * 2**30)
+    out = tmp_path / "cs"
+    out.mkdir()
+    shutil.copy(ROOT / "results/convergence/kjv-h1280.json", out)
+    before = (out / "kjv-h1280.json").read_bytes()
+    res = CliRunner().invoke(rr, ["converge-study", "--only", "kjv-h1280", "--seeds", "0",
+                                  "--out", str(out)])
+    _one_error_line(res, "kjv-h1280 fl_fsdp/n32/k8/lr0.0003: FL+FSDP: 32 groups x",
+                    "GiB in the emulator; the limit is 20 GiB (80% of this host's memory")
+    assert (out / "kjv-h1280.json").read_bytes() == before
 
 
 def test_realrun_internal_error_is_one_line_with_a_crash_log(tmp_path, rr, monkeypatch):
