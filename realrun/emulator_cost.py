@@ -29,30 +29,29 @@ def max_converge_bytes() -> int:
     return int(HOST_SHARE * total) if total > 0 else FALLBACK_BYTES
 
 
-def converge_cost(sc: Any, algo: Any) -> tuple[int, int, float]:
-    """(groups, estimated bytes, FLOPs) of emulating `algo` of `sc`: 20 bytes per parameter
-    per group (fp32 parameters, gradients, Adam's two moments, the FedAvg mean) and 16 bytes
-    per activation value of the step's tokens (layers x (16 hidden + 4 ffn + 3 heads x seq_len)
-    + 4 vocab values a token: the model's tensors, x 4 for autograd and vmap as measured)."""
+def converge_cost(sc: Any, algo: Any) -> tuple[int, int, int, float]:
+    """(groups, tokens a step, estimated bytes, FLOPs) of emulating `algo` of `sc`: 20 bytes
+    per parameter per group (fp32 parameters, gradients, Adam's two moments, the FedAvg mean)
+    and 16 bytes per activation value of the step's tokens (layers x (16 hidden + 4 ffn + 3
+    heads x seq_len) + 4 vocab values a token: the model's tensors, x 4 for autograd and vmap
+    as measured)."""
     m, t = sc.model, sc.training
     plan = algo.plan(sc.cluster)
     tokens = plan.world * t.micro_batch * t.seq_len
     per_token = m.layers * (16 * m.hidden + 4 * m.ffn_hidden + 3 * m.heads * t.seq_len) \
         + 4 * m.vocab
     nbytes = 20 * plan.groups * m.total_params + 16 * tokens * per_token
-    return plan.groups, nbytes, 6.0 * m.total_params * tokens * t.steps
+    return plan.groups, tokens, nbytes, 6.0 * m.total_params * tokens * t.steps
 
 
 def check_converge_cost(sc: Any, algos: list[Any]) -> None:
     """A RealrunError naming the limit when emulating `algos` would not fit or not end."""
     for a in algos:
-        groups, nbytes, flops = converge_cost(sc, a)
-        tokens = a.plan(sc.cluster).world * sc.training.micro_batch * sc.training.seq_len
+        groups, tokens, nbytes, flops = converge_cost(sc, a)
         what = (f"{a.display}: {groups:,} group{'' if groups == 1 else 's'} x "
                 f"{sc.model.total_params:,} parameters, {tokens:,} tokens a step, "
                 f"{sc.training.steps:,} steps")
-        limit = max_converge_bytes()
-        if nbytes > limit:
+        if nbytes > (limit := max_converge_bytes()):
             raise RealrunError(f"{what} need about {nbytes / 2**30:,.1f} GiB in the emulator; "
                                f"the limit is {limit / 2**30:.0f} GiB ({HOST_SHARE:.0%} of this "
                                "host's memory; fewer cluster.nodes or a smaller model)")

@@ -56,13 +56,6 @@ def fixed_params(studies: list[dict[str, Any]]) -> dict[str, float]:
     return {"unigram_loss": u} if u is not None else {}
 
 
-# the seventh check also scores, as a second report fixed before its runs were made, the
-# model with the learning rate's lasting damage fitted (the size target is judged on the
-# model as shipped)
-VARIANT_FREE = ("lr_damage",)
-VARIANT = "lr damage fitted"
-
-
 def floor_min(studies: list[dict[str, Any]]) -> float:
     return float(min(s["data"].get("entropy_floor_nats") or 0.0 for s in studies))
 
@@ -92,6 +85,18 @@ def _hidden(r: Run) -> int:
     return int(r.tags["model"]["hidden"])
 
 
+def _scored(rs: list[Run]) -> list[Run]:
+    """The runs a check scores: every segment but stage 1's ("pre")."""
+    return [r for r in rs if r.shape.segment != "pre"]
+
+
+# the seventh check also scores, as a second report fixed before its runs were made, the
+# model with the learning rate's lasting damage fitted (the size target is judged on the
+# model as shipped)
+VARIANT_FREE = ("lr_damage",)
+VARIANT = "lr damage fitted"
+
+
 def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
                 ) -> list[dict[str, Any]]:
     """The checks of split.py that these runs allow (each needs both of its sets): what is
@@ -107,11 +112,7 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     every = [r for r in runs if r.source not in split.AFTER_SIXTH]
     whole = [r for r in whole if r.source not in split.AFTER_SIXTH]
     runs = [r for r in every if r.source not in split.FIFTH_FIT_ONLY]
-    scored_every = [r for r in every if r.shape.segment != "pre"]
-    scored = [r for r in runs if r.shape.segment != "pre"]
-
-    def post(rs: list[Run]) -> list[Run]:
-        return [r for r in rs if r.shape.segment != "pre"]
+    post = _scored
 
     def targets(fit_set: list[Run]) -> list[float]:
         start = float(np.mean([r.eval_loss[0] for r in post(fit_set)]))
@@ -137,22 +138,21 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
                       "check_set": hz_check, "targets": targets(hz_fit)})
     # the second and third checks (fresh runs), each fitted on every run the checks before it
     # had, up to a size and a run length
-    plans += _fresh_plans(runs, scored, ("fresh size", "fresh horizon"), split.FRESH_FIT_HIDDEN,
+    plans += _fresh_plans(runs, ("fresh size", "fresh horizon"), split.FRESH_FIT_HIDDEN,
                           split.LONG_FIT_MAX_STEPS, split.FRESH_SIZE_HIDDEN,
                           split.LONG_CHECK_STEPS)
-    plans += _fresh_plans(runs, scored, ("third size", "third horizon"),
+    plans += _fresh_plans(runs, ("third size", "third horizon"),
                           (*split.FRESH_FIT_HIDDEN, split.FRESH_SIZE_HIDDEN),
                           split.LONG_CHECK_STEPS, split.THIRD_SIZE_HIDDEN,
                           split.LONGER_CHECK_STEPS)
-    plans += _fresh_plans(runs, scored, ("fourth size", "fourth horizon"),
+    plans += _fresh_plans(runs, ("fourth size", "fourth horizon"),
                           split.FOURTH_FIT_HIDDEN, split.FOURTH_FIT_MAX_STEPS,
                           split.FOURTH_SIZE_HIDDEN, split.LONGEST_CHECK_STEPS)
-    plans += _fresh_plans(every, scored_every, ("fifth size", ""), split.FIFTH_FIT_HIDDEN,
+    plans += _fresh_plans(every, ("fifth size", ""), split.FIFTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.FIFTH_SIZE_HIDDEN, 0)
-    plans += _fresh_plans(every, scored_every, ("sixth size", ""), split.SIXTH_FIT_HIDDEN,
+    plans += _fresh_plans(every, ("sixth size", ""), split.SIXTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.SIXTH_SIZE_HIDDEN, 0)
-    plans += _fresh_plans(runs_all, [r for r in runs_all if r.shape.segment != "pre"],
-                          ("seventh size", ""), split.SEVENTH_FIT_HIDDEN,
+    plans += _fresh_plans(runs_all, ("seventh size", ""), split.SEVENTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.SEVENTH_SIZE_HIDDEN, 0)
     for name, hidden in (("sixth size", split.SIXTH_SIZE_HIDDEN),
                          ("seventh size", split.SEVENTH_SIZE_HIDDEN)):
@@ -166,16 +166,16 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     return plans
 
 
-def _fresh_plans(runs: list[Run], scored: list[Run], names: tuple[str, str],
+def _fresh_plans(runs: list[Run], names: tuple[str, str],
                  fit_hidden: tuple[int, ...], fit_max_steps: int, size_hidden: int,
                  long_steps: int) -> list[dict[str, Any]]:
     """One held-out check of split.py past the first: a fresh size (targets: split.targets of
     the drop to the best final loss of the fit set's 128-step runs) and a fresh horizon
     (targets per run: _long_targets), both fitted on the runs of `fit_hidden` of at most
-    `fit_max_steps` steps."""
+    `fit_max_steps` steps; the check runs are the scored segments of `runs`."""
     fit_set = [r for r in runs if _hidden(r) in fit_hidden
                and int(r.tags["steps"]) <= fit_max_steps]
-    post = [r for r in fit_set if r.shape.segment != "pre"]
+    post, scored = _scored(fit_set), _scored(runs)
     size_check = [r for r in scored if _hidden(r) == size_hidden]
     long_check = [r for r in scored if int(r.tags["steps"]) == long_steps]
     plans: list[dict[str, Any]] = []

@@ -218,7 +218,7 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     beta = col["lr_damage"]
     hurt = bool(np.any(beta > 0))  # without damage its bookkeeping is skipped
     ratio = optimum_ratio(tail)  # x_pk = s / ratio
-    damage = (_damage_before(theta, shapes, lr_star, l0, b_star, nexp, tokens, ratio, beta)
+    damage = (_damage_before(shapes, lr_star, l0, b_star, nexp, tokens, ratio, beta)
               if hurt else np.zeros_like(progress))
     for i in range(blocks):
         b_noise = b_star * np.power(np.maximum(loss, 1e-3), -nexp)
@@ -237,12 +237,12 @@ def _integrate(theta: np.ndarray, shapes: list[Shape], bounds: list[np.ndarray])
     return out
 
 
-def _damage_before(theta: np.ndarray, shapes: list[Shape], lr_star: np.ndarray, l0: np.ndarray,
+def _damage_before(shapes: list[Shape], lr_star: np.ndarray, l0: np.ndarray,
                    b_star: np.ndarray, nexp: np.ndarray, tokens: np.ndarray, ratio: np.ndarray,
                    beta: np.ndarray) -> np.ndarray:
     """The damage a "post" segment carries from the steps before its start (n, m): those steps'
     learning rates against the optimum at the segment's starting loss."""
-    out = np.zeros((theta.shape[0], len(shapes)))
+    out = np.zeros_like(lr_star)
     for j, s in enumerate(shapes):
         if s.segment != "post" or s.start_step <= 0:
             continue
