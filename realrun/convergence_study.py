@@ -385,6 +385,33 @@ EXPERIMENTS = (
 )
 
 
+# The eighth check, fixed before any of its runs was made: a fresh size (hidden 1536, 53.1M
+# non-embedding parameters, 1.4x the largest fitted) at the paper's lr 3e-4 (FSDP, one group of 4,
+# FL+FSDP 4 x 4 with K = 4 and 8 x 4 with K = 8) and FSDP above it (1e-3), evaluated every 4
+# steps. Two experiments so that two processes can make them at once; together they are the
+# check set.
+EIGHTH_SIZE = {1536: 4224}
+
+
+def eighth_size_points(part: int) -> tuple[RunPoint, ...]:
+    if part == 0:
+        return (RunPoint("fsdp", 1, lr=3e-4, seeds=(0,)),
+                RunPoint("fl_fsdp", 4, 4, 3e-4, seeds=(0,)),
+                RunPoint("fsdp", 32, lr=3e-4, seeds=(0,)))
+    return (RunPoint("fl_fsdp", 8, 8, 3e-4, seeds=(0,)), RunPoint("fsdp", 32, lr=1e-3, seeds=(0,)))
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}{suffix}", f"Llama, 2 layers, hidden {h}, the King James Bible "
+                 f"(bytes): the fresh size of the eighth check, {what}",
+                 base=size_base(h, ffn), points=eighth_size_points(part), evals_per_run=32)
+      for h, ffn in EIGHTH_SIZE.items()
+      for part, suffix, what in ((0, "", "lr 3e-4 (part 1 of 2)"),
+                                 (1, "-b", "FL+FSDP 8 x 4 and FSDP at 1e-3 (part 2 of 2)"))),
+)
+
+
 def experiment(name: str) -> Experiment:
     for e in EXPERIMENTS:
         if e.name == name:
