@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..convergence.profile import unreached_note
+from ..convergence.profile import closed_note, unreached_note
 from ..spec.paths import write_text_atomic
 from ..spec.trace import Span, write_chrome, write_trace
 
@@ -171,7 +171,8 @@ def convergence_lines(out: dict[str, Any]) -> list[str]:
             lines.append(f"how sure (time to target): held out {c['what']} (fit {c['fit']}, "
                          f"check {c['check']}): median |steps error| "
                          f"{c['median_abs_error']:.0%}, worst {c['worst_abs_error']:.0%}, "
-                         f"{c['inside_band']:.0%} inside [p10, p90]{unreached_note(c)}")
+                         f"{c['inside_band']:.0%} inside [p10, p90]{closed_note(c)}"
+                         f"{unreached_note(c)}")
     if conv.get("on_bound"):
         lines.append("convergence profile: on a bound of their range (not identified): "
                      + ", ".join(conv["on_bound"]))

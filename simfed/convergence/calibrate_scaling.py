@@ -21,7 +21,7 @@ from ..spec import SpecError
 from ..spec.paths import write_text_atomic
 from ..spec.yamlio import dump_yaml
 from . import fitting, scaling, split
-from .profile import PROFILE_V2, parse, unreached_note
+from .profile import PROFILE_V2, closed_note, parse, unreached_note
 from .runs import Run, runs_of_study, segments
 
 
@@ -103,9 +103,9 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     fitted, what is predicted, and the losses scored. Scored on the stage after the unigram
     plateau ("post" segments of runs.segments, steps counted from where the loss leaves it;
     whole runs where the study has no unigram loss). `whole`: the same runs unsegmented; with
-    them the sixth and seventh checks are also scored from step 0 ("sixth size, from step 0":
-    the same fit and targets, the check runs' steps counted from their first step, as a
-    scenario's prediction counts them)."""
+    them the sixth, seventh and eighth checks are also scored from step 0 ("sixth size, from
+    step 0": the same fit and targets, the check runs' steps counted from their first step, as
+    a scenario's prediction counts them; the eighth size target is judged on this score)."""
     # the fifth check's fit additions are read by no earlier check, the data made after the
     # sixth by none up to the sixth (the seventh fits it)
     runs_all = list(runs)
@@ -154,8 +154,11 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
                           split.FIFTH_FIT_MAX_STEPS, split.SIXTH_SIZE_HIDDEN, 0)
     plans += _fresh_plans(runs_all, ("seventh size", ""), split.SEVENTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.SEVENTH_SIZE_HIDDEN, 0)
+    plans += _fresh_plans(runs_all, ("eighth size", ""), split.EIGHTH_FIT_HIDDEN,
+                          split.FIFTH_FIT_MAX_STEPS, split.EIGHTH_SIZE_HIDDEN, 0)
     for name, hidden in (("sixth size", split.SIXTH_SIZE_HIDDEN),
-                         ("seventh size", split.SEVENTH_SIZE_HIDDEN)):
+                         ("seventh size", split.SEVENTH_SIZE_HIDDEN),
+                         ("eighth size", split.EIGHTH_SIZE_HIDDEN)):
         size = [p for p in plans if p["what"] == name]
         from_zero = [r for r in whole if _hidden(r) == hidden]
         if size and from_zero:
@@ -255,7 +258,8 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
         "on_bound": f["on_bound"],
         "fitted_range": fitted_range(studies, runs),
         "checks": [{k: c[k] for k in ("what", "fit", "check", "points", "median_abs_error",
-                                      "worst_abs_error", "inside_band", "unreached",
+                                      "worst_abs_error", "inside_band", "inside_closed_band",
+                                      "unreached",
                                       "median_abs_error_with_unreached", "seen")}
                    for c in checks if not c["free"]],  # the profile's own model's checks
     }
@@ -314,5 +318,5 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         lines.append(f"  {how}, {c['what']} (fit {c['fit']}, check {c['check']}): median "
                      f"|steps-to-target error| {c['median_abs_error']:.1%}, worst "
                      f"{c['worst_abs_error']:.1%}, {c['inside_band']:.0%} inside [p10, p90] "
-                     f"over {c['points']} points{unreached_note(c)}")
+                     + closed_note(c) + f" over {c['points']} points{unreached_note(c)}")
     return lines

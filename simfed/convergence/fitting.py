@@ -239,6 +239,9 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             "median_abs_error": median(errs) if errs else None,
             "worst_abs_error": max(errs) if errs else None,
             "inside_band": (sum(r["inside"] for r in rows) / len(rows)) if rows else None,
+            # a band open above (its p90 never reaches the target) counted as outside
+            "inside_closed_band": (sum(r["inside"] and r["band"][1] is not None for r in rows)
+                                   / len(rows)) if rows else None,
             "unreached": len(unreached),
             # the median with each unreached target counted at its least error
             "median_abs_error_with_unreached": (median(with_unreached) if with_unreached

@@ -249,6 +249,19 @@ def test_fit_recovers_the_curves_and_predicts_an_unseen_size():
                      + [abs(u["error_at_least"]) for u in res2["unreached_rows"]])
     assert res2["median_abs_error_with_unreached"] == pytest.approx(float(np.median(counted)))
     assert len(counted) == res2["points"] + res2["unreached"]
+    # "inside" with a band open above (p90 never reaching the target) counted as outside
+    closed = [r["inside"] and r["band"][1] is not None for r in res2["rows"]]
+    assert res2["inside_closed_band"] == pytest.approx(sum(closed) / len(closed))
+    assert res2["inside_closed_band"] <= res2["inside_band"]
+
+
+def test_check_lines_name_bands_open_above():
+    from simfed.convergence.profile import closed_note
+
+    assert closed_note({"inside_band": 0.8, "inside_closed_band": 0.8}) == ""
+    assert closed_note({"inside_band": 0.8}) == ""
+    assert closed_note({"inside_band": 1.0, "inside_closed_band": 3 / 7}) == (
+        " (43% with a band open above counted outside)")
 
 
 def test_fit_refuses_too_few_points_and_unknown_fixed():
@@ -451,14 +464,19 @@ def test_check_plans_follow_the_split():
     # seventh fits it
     after = run(1024, 128, 2.0, "kjv-h1024-lr")
     seventh = run(1280, 128, 1.9)
-    plans = {p["what"]: p for p in check_plans([*runs, after, seventh])}
+    # the eighth check's runs come in two files; both are its check set
+    eighth = [run(1536, 128, 1.85), run(1536, 128, 1.8, "kjv-h1536-b")]
+    plans = {p["what"]: p for p in check_plans([*runs, after, seventh, *eighth])}
     assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
                            "third size", "third horizon", "fourth size", "fourth horizon",
-                           "fifth size", "sixth size", "seventh size",
+                           "fifth size", "sixth size", "seventh size", "eighth size",
                            "seventh size (lr damage fitted)"]
-    # the model changed after the checks before the seventh were scored: only the seventh is
-    # held out, and scored a second time with the learning rate's damage fitted
-    assert [p["seen"] for p in plans.values()] == [True] * 10 + [False, False]
+    # the seventh check was scored and read: only the eighth is held out
+    assert [p["seen"] for p in plans.values()] == [True] * 11 + [False, True]
+    assert plans["eighth size"]["check_set"] == eighth
+    assert {r.key for r in plans["eighth size"]["fit_set"]} == {
+        r.key for r in [*runs, after, seventh]}
+    assert plans.pop("eighth size")["targets"] != plans["seventh size"]["targets"]
     assert plans["seventh size"]["check_set"] == [seventh]
     assert {r.key for r in plans["seventh size"]["fit_set"]} == {r.key for r in [*runs, after]}
     variant = plans.pop("seventh size (lr damage fitted)")
@@ -482,8 +500,19 @@ def test_check_plans_follow_the_split():
                           "seventh size, from step 0", "seventh size (lr damage fitted)",
                           "seventh size, from step 0 (lr damage fitted)"]
     assert [r.key for r in both["seventh size, from step 0"]["check_set"]] == ["h1280/s128whole"]
-    assert not both["seventh size, from step 0"]["seen"]
+    assert both["seventh size, from step 0"]["seen"]
     assert both["seventh size, from step 0"]["targets"] == both["seventh size"]["targets"]
+    # the eighth, judged from step 0: held out, the same fit and targets as from the plateau
+    whole8 = [run(1536, 128, 1.85, "whole"), run(1536, 128, 1.8, "kjv-h1536-b whole")]
+    all8 = {p["what"]: p for p in check_plans([*runs, seventh, *eighth],
+                                              [*whole, run(1280, 128, 1.9, "whole"), *whole8])}
+    assert list(all8)[-5:] == ["sixth size, from step 0", "seventh size, from step 0",
+                               "eighth size, from step 0", "seventh size (lr damage fitted)",
+                               "seventh size, from step 0 (lr damage fitted)"]
+    judged = all8["eighth size, from step 0"]
+    assert judged["check_set"] == whole8 and not judged["seen"]
+    assert judged["fit_set"] == all8["eighth size"]["fit_set"]
+    assert judged["targets"] == all8["eighth size"]["targets"]
     assert [r.key for r in zero["sixth size, from step 0"]["check_set"]] == ["h1024/s128whole"]
     assert zero["sixth size, from step 0"]["fit_set"] == zero["sixth size"]["fit_set"]
     assert zero["sixth size, from step 0"]["targets"] == zero["sixth size"]["targets"]

@@ -229,7 +229,9 @@ CHECK = {"checks": Rule("list", required=False), "checks[*]": Rule("dict"),
          "checks[*].what": Rule("str"), "checks[*].fit": Rule("str"),
          "checks[*].check": Rule("str"), "checks[*].points": integer(0),
          "checks[*].median_abs_error": num(0, **OPT), "checks[*].worst_abs_error": num(0, **OPT),
-         "checks[*].inside_band": num(0, 1, **OPT), "checks[*].seen": Rule("bool", required=False),
+         "checks[*].inside_band": num(0, 1, **OPT),
+         "checks[*].inside_closed_band": num(0, 1, **OPT),
+         "checks[*].seen": Rule("bool", required=False),
          "checks[*].unreached": integer(0, required=False),
          "checks[*].median_abs_error_with_unreached": num(0, **OPT)}
 
