@@ -212,12 +212,16 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
     from .spec import load_scenario
 
     check_output(out, "--out")
-    check_output(report or out.with_suffix(".json"), "--report")
+    if report is None:
+        if out.exists() and not out.is_file():  # a device: no file "beside" it
+            raise SpecError(f"--report: --out {out} is not a regular file, so the report has "
+                            "no default path (OUT.json); name it with --report")
+        report = out.with_suffix(".json")
+    check_output(report, "--report")
     if convergence:
         from .convergence.calibrate import calibrate_convergence
 
-        for line in calibrate_convergence(inputs, out, report or out.with_suffix(".json"),
-                                          draws=draws):
+        for line in calibrate_convergence(inputs, out, report, draws=draws):
             click.echo(line)
         return
     if scenario is None:
@@ -233,7 +237,6 @@ def calibrate(inputs: tuple[Path, ...], scenario: str | None, convergence: bool,
     profile, rep = fit(scn, samples)
     write_profile(out, profile, header=f"simfed calibrate for {scn.name} from "
                   + ", ".join(str(i) for i in inputs))
-    report = report or out.with_suffix(".json")
     write_text_atomic(report, json.dumps(_finite_or_null(rep), indent=2, sort_keys=True,
                                          allow_nan=False) + "\n")
     for kind, f in rep["fits"].items():

@@ -290,3 +290,16 @@ def test_a_streamed_trace_into_a_fifo_without_a_reader_fails_at_once(tmp_path):
     with TraceWriter(tmp_path / "t.jsonl", {"rank": 0}):  # a regular file as before
         pass
     assert (tmp_path / "t.jsonl").read_text().startswith('{"meta":{"rank":0}')
+
+
+def test_calibrate_to_a_device_needs_its_report_named(tmp_path):
+    """The report's default path is OUT.json: beside a device there is no such file to write
+    (it would land in /dev). Refused before any input is read."""
+    res = _invoke(main, ["calibrate", str(NCCL), "--scenario", str(H100), "--out", "/dev/null"])
+    assert res.exit_code == 2, res.output
+    assert "--report: --out /dev/null is not a regular file" in res.output
+    assert not os.path.exists("/dev/null.json")
+    res = _invoke(main, ["calibrate", str(NCCL), "--scenario", str(H100), "--out", "/dev/null",
+                         "--report", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r.json").is_file()
