@@ -150,7 +150,10 @@ def rr():
     (["--seeds", str(2**70)], ["is not a seed"]),
     (["--eval-every", "-1"], ["--eval-every: must be >= 0"]),
 ])
-def test_realrun_converge_refuses_before_allocating(tmp_path, rr, argv, needles):
+def test_realrun_converge_refuses_before_allocating(tmp_path, rr, argv, needles, monkeypatch):
+    import realrun.emulator_cost as cost
+
+    monkeypatch.setattr(cost, "free_bytes", lambda: None)  # the host's share, not its load
     out = tmp_path / "c.json"
     res = CliRunner().invoke(rr, ["converge", str(CPU4), *argv, "--json", str(out)])
     _one_error_line(res, *needles)
@@ -174,6 +177,7 @@ def test_realrun_converge_study_refuses_a_run_too_large_for_the_host(tmp_path, r
     import realrun.emulator_cost as cost
 
     monkeypatch.setattr(cost, "max_converge_bytes", lambda: 20 * 2**30)
+    monkeypatch.setattr(cost, "free_bytes", lambda: None)
     out = tmp_path / "cs"
     out.mkdir()
     shutil.copy(ROOT / "results/convergence/kjv-h1280.json", out)
@@ -208,3 +212,30 @@ def test_realrun_internal_error_is_one_line_with_a_crash_log(tmp_path, rr, monke
     assert os.path.dirname(log) == str(tmp_path)
     with open(log, encoding="utf-8") as f:
         assert "ZeroDivisionError" in f.read()
+
+
+def test_converge_refuses_what_does_not_fit_in_the_memory_free_now(monkeypatch, tmp_path, rr):
+    """A second study process beside a first: the limit is the memory free now where that is
+    below the host's share, and the message says so."""
+    import realrun.emulator_cost as cost
+
+    monkeypatch.setattr(cost, "free_bytes", lambda: 2**30)
+    res = CliRunner().invoke(rr, ["converge", str(CPU4), "-a", "fsdp", "--set",
+                                  "cluster.nodes=64", "--json", str(tmp_path / "c.json")])
+    _one_error_line(res, "GiB in the emulator; the limit is 1 GiB (the memory free now: other "
+                    "processes hold the rest")
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_one_model_costs_more_activation_memory_than_stacked_groups():
+    """The estimate's activation bytes per value: measured 34 for one model, 16 for groups
+    under vmap (realrun/emulator_cost.py)."""
+    from realrun.emulator_cost import ACT_BYTES_GROUPS, ACT_BYTES_ONE_MODEL, converge_cost
+    from simfed.spec import load_scenario
+
+    sc = load_scenario(CPU4, {"cluster.nodes": 8})
+    g1, t1, b1, _ = converge_cost(sc, sc.algorithm("fsdp"))
+    g8, t8, b8, _ = converge_cost(sc, sc.algorithm("fl_fsdp"))
+    assert g1 == 1 and g8 > 1 and t1 == t8
+    params = sc.model.total_params
+    assert (b1 - 20 * params) / ACT_BYTES_ONE_MODEL == (b8 - 20 * g8 * params) / ACT_BYTES_GROUPS
