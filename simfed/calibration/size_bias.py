@@ -125,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(results, dict) or not isinstance(results.get("cases"), list):
         print(f"{path}: cases: expected a list of results (simfed validate --published --json)")
         return 2
-    rows = size_bias(results, DEFAULT_DIR, a.prefix)
+    try:
+        rows = size_bias(results, DEFAULT_DIR, a.prefix)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        print(f"{path}: cases: an entry lacks a field or a number ({type(exc).__name__}: {exc});"
+              " expected simfed validate --published --json output")
+        return 2
     if not rows:
         print(f"{path}: no case named {a.prefix}*")
         return 2

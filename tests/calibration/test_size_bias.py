@@ -34,3 +34,6 @@ def test_size_bias_cli_prints_and_refuses_bad_input(tmp_path, capsys):
     empty.write_text("[1]")
     assert sb.main([str(empty)]) == 2
     assert "cases: expected a list" in capsys.readouterr().out
+    empty.write_text(json.dumps({"cases": [{"name": "foundry-a100-40gb-mpt1b-s2048-8gpu"}]}))
+    assert sb.main([str(empty)]) == 2
+    assert "an entry lacks a field" in capsys.readouterr().out
