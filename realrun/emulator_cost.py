@@ -67,15 +67,15 @@ def converge_cost(sc: Any, algo: Any) -> tuple[int, int, int, float]:
 
 def check_converge_cost(sc: Any, algos: list[Any]) -> None:
     """A RealrunError naming the limit when emulating `algos` would not fit or not end."""
+    limit, why = max_converge_bytes(), f"{HOST_SHARE:.0%} of this host's memory"
+    free = free_bytes()
+    if free is not None and free < limit:
+        limit, why = free, "the memory free now: other processes hold the rest"
     for a in algos:
         groups, tokens, nbytes, flops = converge_cost(sc, a)
         what = (f"{a.display}: {groups:,} group{'' if groups == 1 else 's'} x "
                 f"{sc.model.total_params:,} parameters, {tokens:,} tokens a step, "
                 f"{sc.training.steps:,} steps")
-        limit, why = max_converge_bytes(), f"{HOST_SHARE:.0%} of this host's memory"
-        free = free_bytes()
-        if free is not None and free < limit:
-            limit, why = free, "the memory free now: other processes hold the rest"
         if nbytes > limit:
             raise RealrunError(f"{what} need about {nbytes / 2**30:,.1f} GiB in the emulator; "
                                f"the limit is {limit / 2**30:.0f} GiB ({why}; fewer "

@@ -39,14 +39,18 @@ def newest_results(folder: Path = DEFAULT_DIR) -> Path:
     return max(found)[1]
 
 
-def attention_s_per_token(folder: Path, case: dict[str, Any]) -> float:
+def _scenario(folder: Path, case: dict[str, Any]) -> Any:
+    from ..spec import load_scenario
+
+    return load_scenario(folder / case["scenario"], dict(case.get("overrides") or {}))
+
+
+def attention_s_per_token(scn: Any) -> float:
     """The kernel model's fused-attention time (forward and backward, every decoder layer) per
     token of one GPU, for a case's scenario."""
     from ..compute import ComputeModel
     from ..hardware import Hardware
-    from ..spec import load_scenario
 
-    scn = load_scenario(folder / case["scenario"], dict(case.get("overrides") or {}))
     t, m = scn.training, scn.model
     tokens = t.micro_batch * t.seq_len
     cm = ComputeModel(hw=Hardware.from_spec(scn.cluster, scn.runtime), rt=scn.runtime.compute,
@@ -58,52 +62,39 @@ def attention_s_per_token(folder: Path, case: dict[str, Any]) -> float:
     return total / tokens
 
 
-def checkpointed(folder: Path, case: dict[str, Any]) -> bool:
-    from ..spec import load_scenario
-
-    scn = load_scenario(folder / case["scenario"], dict(case.get("overrides") or {}))
-    return scn.training.ac_policy != "none"
-
-
 def size_bias(results: dict[str, Any], folder: Path = DEFAULT_DIR,
               prefix: str = DEFAULT_PREFIX) -> list[dict[str, Any]]:
     """Per model (in order of parameters): runs, median signed error without and with
     checkpointing, alpha and beta (None where fewer than two 8-GPU runs without it)."""
     cases = {c["name"]: c for c in load_cases(folder)}
-    by_model: dict[str, list[tuple[dict[str, Any], dict[str, Any], bool]]] = {}
+    by_model: dict[str, list[tuple[dict[str, Any], Any, bool]]] = {}
     for r in results["cases"]:
         if r["name"].startswith(prefix) and r["name"] in cases:
-            c = cases[r["name"]]
-            by_model.setdefault(r["model"], []).append((r, c, checkpointed(folder, c)))
+            scn = _scenario(folder, cases[r["name"]])  # read once per case
+            by_model.setdefault(r["model"], []).append(
+                (r, scn, scn.training.ac_policy != "none"))
     out = []
     for model, rows in by_model.items():
         plain = [r["error"] for r, _, ac in rows if not ac]
         ckpt = [r["error"] for r, _, ac in rows if ac]
-        split = [(r, c) for r, c, ac in rows if not ac and r["gpus"] == 8]
+        split = [(r, scn) for r, scn, ac in rows if not ac and r["gpus"] == 8]
         alpha = beta = None
         if len(split) >= 2:
             x, y = [], []
-            for r, c in split:
-                ta = attention_s_per_token(folder, c)
+            for r, scn in split:
+                ta = attention_s_per_token(scn)
                 x.append([1.0 / r["predicted"] - ta, ta])
                 y.append(1.0 / r["published"])
             (alpha, beta), *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
             alpha, beta = float(alpha), float(beta)
         out.append({"model": model, "runs": len(rows),
-                    "params": _params(folder, rows[0][1]),
+                    "params": rows[0][1].model.total_params,
                     "median_error_no_checkpointing": statistics.median(plain) if plain else None,
                     "runs_no_checkpointing": len(plain),
                     "median_error_checkpointing": statistics.median(ckpt) if ckpt else None,
                     "runs_checkpointing": len(ckpt), "alpha": alpha, "beta": beta,
                     "split_runs": len(split)})
     return sorted(out, key=lambda d: d["params"])
-
-
-def _params(folder: Path, case: dict[str, Any]) -> int:
-    from ..spec import load_scenario
-
-    return load_scenario(folder / case["scenario"], dict(case.get("overrides") or {})
-                         ).model.total_params
 
 
 def _pct(x: float | None) -> str:

@@ -112,17 +112,16 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     every = [r for r in runs if r.source not in split.AFTER_SIXTH]
     whole = [r for r in whole if r.source not in split.AFTER_SIXTH]
     runs = [r for r in every if r.source not in split.FIFTH_FIT_ONLY]
-    post = _scored
 
     def targets(fit_set: list[Run]) -> list[float]:
-        start = float(np.mean([r.eval_loss[0] for r in post(fit_set)]))
-        return split.targets(start, min(r.final_loss for r in post(fit_set)))
+        start = float(np.mean([r.eval_loss[0] for r in _scored(fit_set)]))
+        return split.targets(start, min(r.final_loss for r in _scored(fit_set)))
 
     plans = []
     first = [r for r in runs if _hidden(r) in split.FRESH_FIT_HIDDEN
              and int(r.tags["steps"]) <= split.HORIZON_CHECK_STEPS]
     size_fit = [r for r in first if not split.is_size_check(r.tags)]
-    size_check = [r for r in post(first) if split.is_size_check(r.tags)]
+    size_check = [r for r in _scored(first) if split.is_size_check(r.tags)]
     if size_fit and size_check:
         hidden = sorted({_hidden(r) for r in size_fit})
         plans.append({"what": "across size", "fit": f"hidden {', '.join(map(str, hidden))}",
@@ -130,7 +129,7 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
                       "fit_set": size_fit,
                       "check_set": size_check, "targets": targets(size_fit)})
     hz_fit = [r for r in first if split.is_horizon_fit(r.tags)]
-    hz_check = [r for r in post(first) if split.is_horizon_check(r.tags)]
+    hz_check = [r for r in _scored(first) if split.is_horizon_check(r.tags)]
     if hz_fit and hz_check:
         plans.append({"what": "past the horizon", "fit": f"{split.HORIZON_FIT_STEPS}-step runs",
                       "check": f"{split.HORIZON_CHECK_STEPS}-step runs", "seen": True,
