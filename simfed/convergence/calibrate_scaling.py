@@ -105,7 +105,8 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     whole runs where the study has no unigram loss). `whole`: the same runs unsegmented; with
     them the sixth, seventh and eighth checks are also scored from step 0 ("sixth size, from
     step 0": the same fit and targets, the check runs' steps counted from their first step, as
-    a scenario's prediction counts them; the eighth size target is judged on this score)."""
+    a scenario's prediction counts them; the eighth and ninth size targets are judged on this
+    score)."""
     # the fifth check's fit additions are read by no earlier check, the data made after the
     # sixth by none up to the sixth (the seventh fits it)
     runs_all = list(runs)
@@ -155,9 +156,12 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
                           split.FIFTH_FIT_MAX_STEPS, split.SEVENTH_SIZE_HIDDEN, 0)
     plans += _fresh_plans(runs_all, ("eighth size", ""), split.EIGHTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.EIGHTH_SIZE_HIDDEN, 0)
+    plans += _fresh_plans(runs_all, ("ninth size", ""), split.NINTH_FIT_HIDDEN,
+                          split.FIFTH_FIT_MAX_STEPS, split.NINTH_SIZE_HIDDEN, 0)
     for name, hidden in (("sixth size", split.SIXTH_SIZE_HIDDEN),
                          ("seventh size", split.SEVENTH_SIZE_HIDDEN),
-                         ("eighth size", split.EIGHTH_SIZE_HIDDEN)):
+                         ("eighth size", split.EIGHTH_SIZE_HIDDEN),
+                         ("ninth size", split.NINTH_SIZE_HIDDEN)):
         size = [p for p in plans if p["what"] == name]
         from_zero = [r for r in whole if _hidden(r) == hidden]
         if size and from_zero:
@@ -253,7 +257,8 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
         "params": dict(zip(scaling.PARAMS, (float(v) for v in f["x"]), strict=True)),
         "covariance": [[float(v) for v in row] for row in f["cov"]],
         "draws": [[float(v) for v in row] for row in boot],
-        "residual_sd": f["residual_sd"], "rms_error": f["rms"],
+        "residual_sd": f["residual_sd"], "progress_sd": fitting.progress_sd(f["x"], runs),
+        "rms_error": f["rms"],
         "on_bound": f["on_bound"],
         "fitted_range": fitted_range(studies, runs),
         "checks": [{k: c[k] for k in ("what", "fit", "check", "points", "median_abs_error",
@@ -302,6 +307,8 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         + f"{p['lr_tail_size_exponent']:.3g}"
         + (f" (95% interval {iv['lr_tail_size_exponent'][0]:.3g}.."
            f"{iv['lr_tail_size_exponent'][1]:.3g})" if iv.get("lr_tail_size_exponent") else ""),
+        f"  band: each run's progress x f, ln f ~ N(0, {profile['progress_sd']:.3g}) (the fit "
+        f"runs' spread; residual spread {profile['residual_sd']:.3g} nats)",
         f"  FedAvg: kappa {math.exp(p['log_fl_kappa']):.3g}"
         + (f" (95% interval of ln kappa {k[0]:.3g}..{k[1]:.3g})" if k else ""),
     ]
@@ -317,5 +324,17 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         lines.append(f"  {how}, {c['what']} (fit {c['fit']}, check {c['check']}): median "
                      f"|steps-to-target error| {c['median_abs_error']:.1%}, worst "
                      f"{c['worst_abs_error']:.1%}, {c['inside_band']:.0%} inside [p10, p90] "
-                     + closed_note(c) + f" over {c['points']} points{unreached_note(c)}")
+                     + closed_note(c) + f" over {c['points']} points{unreached_note(c)}"
+                     + loss_shift_note(c))
     return lines
+
+
+def loss_shift_note(c: dict[str, Any]) -> str:
+    """The inside share of the band drawn as profiles before the progress spread drew it (a
+    constant loss shift), where the check reports it."""
+    ls = c.get("inside_band_loss_shift")
+    if ls is None:
+        return ""
+    closed = c.get("inside_closed_band_loss_shift")
+    return (f"; with a loss-shift band {ls:.0%} inside"
+            + (f" ({closed:.0%} closed)" if closed is not None and closed != ls else ""))

@@ -6,8 +6,8 @@ checks of the size study (split.py): across model size and past the fitted horiz
   shipped silently).
 - `bootstrap(runs, n)`: refits on runs resampled with replacement (by configuration, every seed
   of a configuration together), deterministic.
-- `predict_band(...)`: the point prediction and [p10, p90] of steps to a loss, from the refits
-  plus the fit's residual spread, as `simfed run` draws it.
+- `progress_factors(x, runs)`, `progress_sd`: how much faster or slower than the model each
+  run learns (a factor on its progress), and their spread: the band's run-to-run part.
 - `check(fit_runs, check_runs)`: fit on one set, predict the other: steps-to-target errors and
   how often the measured steps fall inside the predicted [p10, p90].
 """
@@ -174,12 +174,59 @@ def _refit(pick: list[Run], *, floor_min: float, fixed: dict[str, float] | None,
         return None
 
 
+# ln of a run's progress factor, searched on this grid (0.05 apart, refined between its
+# points): wide enough for the study's slowest runs, far above their best learning rate
+FACTOR_GRID = np.linspace(-3.0, 3.0, 121)
+
+
+def progress_factors(x: np.ndarray, runs: list[Run], max_blocks: int = 128,
+                     chunk: int = 32) -> np.ndarray:
+    """Each run's own progress factor, ln f: the f by which its progress (every step's, both
+    stages) is multiplied to fit its evaluation points best (least squares) with the other
+    parameters at `x`. How much faster or slower than the model a run learns, in the units a
+    steps-to-target answer is in (f = 1.25: the run reaches each loss in 1 / 1.25 of the
+    steps)."""
+    grid = FACTOR_GRID
+    base = np.repeat(np.asarray(x, float)[None, :], len(grid), axis=0)
+    thetas = scaling.shift_progress(base, grid)
+    shapes, at, which, idx, _ = _prepare(runs)
+    of_shape: dict[int, list[int]] = defaultdict(list)
+    for i, w in enumerate(which):
+        of_shape[w].append(i)
+    sse = np.zeros((len(runs), len(grid)))
+    for lo in range(0, len(shapes), chunk):
+        js = list(range(lo, min(lo + chunk, len(shapes))))
+        curves = scaling.loss_at(thetas, [shapes[j] for j in js], [at[j] for j in js],
+                                 max_blocks)
+        for c, j in zip(curves, js, strict=True):
+            for i in of_shape[j]:
+                sse[i] = np.sum((c[:, idx[i]] - np.array(runs[i].eval_loss[1:])) ** 2, axis=1)
+    k = np.clip(np.argmin(sse, axis=1), 1, len(grid) - 2)
+    rows = np.arange(len(runs))
+    a, b, c = sse[rows, k - 1], sse[rows, k], sse[rows, k + 1]
+    curv = a - 2.0 * b + c  # the parabola through the best grid point and its neighbours
+    step = np.where(curv > 0, 0.5 * (a - c) / np.where(curv > 0, curv, 1.0), 0.0)
+    return grid[k] + np.clip(step, -1.0, 1.0) * (grid[1] - grid[0])
+
+
+def progress_sd(x: np.ndarray, runs: list[Run]) -> float:
+    """The spread of the runs' progress factors (rms of ln f): the band's run-to-run spread."""
+    f = progress_factors(x, runs)
+    return float(np.sqrt(np.mean(f * f))) if len(f) else 0.0
+
+
 def draws_with_noise(x: np.ndarray, draws: np.ndarray, residual_sd: float, n: int,
-                     seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """n parameter vectors (the refits, cycled) and n loss shifts (the residual spread)."""
+                     seed: int = 0, progress: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """n parameter vectors (the refits, cycled) and n loss shifts (the residual spread); with a
+    `progress` spread (the sd of ln f, progress_sd) each vector's progress is scaled by a draw
+    of it instead, and the loss shifts are 0."""
     rng = np.random.default_rng([seed, 0xC0])
     thetas = draws[np.arange(n) % len(draws)] if len(draws) else np.repeat(x[None, :], n, axis=0)
-    return thetas, rng.normal(0.0, residual_sd, size=(n, 1))
+    shift = rng.normal(0.0, residual_sd, size=(n, 1))
+    if progress > 0:
+        factor = np.random.default_rng([seed, 0xC1]).normal(0.0, progress, size=n)
+        return scaling.shift_progress(thetas, factor), np.zeros((n, 1))
+    return thetas, shift
 
 
 def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
@@ -189,6 +236,10 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
           ) -> dict[str, Any]:
     """Fit on `fit_set`, predict every run of `check_set`: steps to each target it reaches
     (error = predicted / measured - 1) and whether the measured steps lie in [p10, p90].
+    The band: the refits with each run's progress scaled by a draw of the fit runs' spread
+    (progress_sd), as `simfed run` draws it; the band of a constant loss shift (the residual
+    spread, as profiles before the progress spread drew it) is reported beside it
+    ("*_loss_shift").
     `extra`: parameters of OFF_UNLESS_ASKED that the fit frees.
     `targets`: the losses scored, the same for every check run or a function of the run."""
     from .split import targets as split_targets
@@ -197,13 +248,25 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
     boot = (bootstrap(fit_set, draws, floor_min=floor_min, fixed=fixed, seed=seed, x0=f["x"],
                       extra=extra)
             if draws else np.empty((0, len(scaling.PARAMS))))
-    thetas, shift = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed)
+    spread = progress_sd(f["x"], fit_set)
+    thetas, shift = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed,
+                                     progress=spread)
+    thetas_ls, shift_ls = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed)
     if targets is None:
         loss_init = float(np.mean([r.eval_loss[0] for r in fit_set]))
         targets = split_targets(loss_init, min(r.final_loss for r in fit_set))
     shapes = list(dict.fromkeys(r.shape for r in check_set))
     point = scaling.loss_curves_many(f["x"], shapes)
     band = scaling.loss_curves_many(thetas, shapes)
+    band_ls = scaling.loss_curves_many(thetas_ls, shapes)
+
+    def quantiles(curves: np.ndarray, at: np.ndarray, tgt: float) -> tuple[float, float]:
+        lo, hi = np.quantile([crossing(at, row, tgt) for row in curves[:, at]], BAND,
+                             method="inverted_cdf")
+        return float(lo), float(hi)
+
+    def finite(v: float) -> float | None:
+        return v if math.isfinite(v) else None
     rows, unreached = [], []
     for r in check_set:
         j = shapes.index(r.shape)
@@ -221,15 +284,16 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
                                   "error_at_least": float(pred / at[-1] - 1)})
             if not math.isfinite(meas) or meas <= 0:
                 continue
-            lo, hi = np.quantile([crossing(at, row, tgt) for row in (band[j] + shift)[:, at]],
-                                 BAND, method="inverted_cdf")
+            lo, hi = quantiles(band[j] + shift, at, tgt)
+            lo_ls, hi_ls = quantiles(band_ls[j] + shift_ls, at, tgt)
             pred_v = pred if math.isfinite(pred) else float(at[-1])  # at least this late
             rows.append({"key": r.key, "source": r.source, "seed": r.seed,
                          "target_loss": round(tgt, 4), "measured_steps": round(meas, 2),
                          "predicted_steps": round(pred, 2) if math.isfinite(pred) else None,
-                         "band": [float(lo) if math.isfinite(lo) else None,
-                                  float(hi) if math.isfinite(hi) else None],
+                         "band": [finite(lo), finite(hi)],
                          "inside": bool(lo <= meas <= hi),
+                         "band_loss_shift": [finite(lo_ls), finite(hi_ls)],
+                         "inside_loss_shift": bool(lo_ls <= meas <= hi_ls),
                          "error": pred_v / meas - 1})
     errs = [abs(row["error"]) for row in rows]
     with_unreached = errs + [abs(u["error_at_least"]) for u in unreached]
@@ -240,8 +304,11 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             "worst_abs_error": max(errs) if errs else None,
             "inside_band": (sum(r["inside"] for r in rows) / len(rows)) if rows else None,
             # a band open above (its p90 never reaches the target) counted as outside
-            "inside_closed_band": (sum(r["inside"] and r["band"][1] is not None for r in rows)
-                                   / len(rows)) if rows else None,
+            "inside_closed_band": _closed(rows, ""),
+            "inside_band_loss_shift": (sum(r["inside_loss_shift"] for r in rows) / len(rows)
+                                       if rows else None),
+            "inside_closed_band_loss_shift": _closed(rows, "_loss_shift"),
+            "progress_sd": spread,
             "unreached": len(unreached),
             # the median with each unreached target counted at its least error
             "median_abs_error_with_unreached": (median(with_unreached) if with_unreached
@@ -249,3 +316,12 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             "fit_rms": f["rms"], "on_bound": f["on_bound"],
             "params": dict(zip(scaling.PARAMS, (float(v) for v in f["x"]), strict=True)),
             "rows": rows, "unreached_rows": unreached}
+
+
+def _closed(rows: list[dict[str, Any]], band: str) -> float | None:
+    """The share of rows inside their band with bands open above (p90 never reaches the
+    target) counted as outside; `band`: "" or "_loss_shift"."""
+    if not rows:
+        return None
+    inside = "inside" + band
+    return sum(r[inside] and r["band" + band][1] is not None for r in rows) / len(rows)

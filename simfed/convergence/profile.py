@@ -167,6 +167,10 @@ class ProfileV2(FrozenModel):
     covariance: Matrix
     draws: Matrix = Field(default_factory=list)
     residual_sd: Num = Field(ge=0, le=10)
+    # the sd of ln f over the fit runs, f the factor on a run's progress that fits it best
+    # (fitting.progress_factors): the band draws it; without it (profiles fitted before it)
+    # the band draws a constant loss shift of residual_sd
+    progress_sd: Num | None = Field(None, ge=0, le=10)
     rms_error: Num = Field(ge=0, le=10)
     on_bound: list[str] = Field(default_factory=list)
     fitted_range: FittedRangeV2

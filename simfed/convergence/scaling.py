@@ -311,6 +311,16 @@ def optimum_ratio(tail: float | np.ndarray) -> float | np.ndarray:
     return np.sqrt(np.maximum(2.0 * np.asarray(tail, float) - 1.0, 1e-12))
 
 
+def shift_progress(thetas: np.ndarray, log_factor: np.ndarray | float) -> np.ndarray:
+    """Parameter vectors whose runs make exp(log_factor) times the progress at every step, in
+    both stages: the progress scales P_c and P_1 divided by it (a "post" segment's starting
+    progress, counted in P_c, moves with it, so its starting loss does not)."""
+    out = np.array(thetas, float, copy=True, ndmin=2)
+    out[:, IDX["log_progress_scale"]] -= log_factor
+    out[:, IDX["log_unigram_scale"]] -= log_factor
+    return out
+
+
 def noise_scale(theta: np.ndarray, loss: float) -> float:
     """B_noise (tokens) at an evaluation loss."""
     return float(math.exp(theta[IDX["log_noise_star"]])

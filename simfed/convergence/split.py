@@ -179,7 +179,8 @@ NINTH_SIZE_HIDDEN = 1792
 # checks scored before the scaling model last changed: their runs were seen
 SEEN_CHECKS = ("fresh size", "fresh horizon", "third size", "third horizon", "fourth size",
                "fourth horizon", "fifth size", "sixth size", "sixth size, from step 0",
-               "seventh size", "seventh size, from step 0")
+               "seventh size", "seventh size, from step 0", "eighth size",
+               "eighth size, from step 0")
 
 
 def is_size_check(run: dict[str, Any]) -> bool:

@@ -264,6 +264,47 @@ def test_check_lines_name_bands_open_above():
         " (43% with a band open above counted outside)")
 
 
+def test_progress_factors_recover_how_much_faster_a_run_learns():
+    """A run made with its progress scaled by f (P_c and P_1 divided by it) is found at ln f
+    against the true parameters; the spread is their rms; the band draws it."""
+    runs = synthetic_runs((2e5,))
+    factors = np.array([-0.4, -0.1, 0.0, 0.2, 0.5, 0.3, -0.25, 0.05])
+    made = []
+    for r, f in zip(runs, factors, strict=True):
+        c = curve(r.shape, scaling.shift_progress(X, f)[0])
+        made.append(replace(r, eval_loss=tuple(float(c[i]) for i in r.eval_steps)))
+    got = fitting.progress_factors(X, made)
+    assert got == pytest.approx(factors, abs=0.01)
+    assert fitting.progress_sd(X, made) == pytest.approx(
+        float(np.sqrt(np.mean(factors**2))), abs=0.01)
+    # a faster run reaches every loss sooner: steps to a loss fall as the factor grows
+    s = shape(steps=64, warmup_steps=6)
+    fast, slow = (curve(s, scaling.shift_progress(X, f)[0]) for f in (0.3, -0.3))
+    tgt = float(curve(s)[32])
+    assert np.argmax(fast <= tgt) < 32 < np.argmax(slow <= tgt)
+    # the band: each draw's progress scaled, no loss shift
+    thetas, shift = fitting.draws_with_noise(X, np.empty((0, len(X))), 0.1, 50, progress=0.2)
+    assert not shift.any()
+    ln_f = X[scaling.IDX["log_progress_scale"]] - thetas[:, scaling.IDX["log_progress_scale"]]
+    assert np.allclose(ln_f, X[scaling.IDX["log_unigram_scale"]]
+                       - thetas[:, scaling.IDX["log_unigram_scale"]])
+    assert 0.1 < float(np.std(ln_f)) < 0.3
+    _, loss_shift = fitting.draws_with_noise(X, np.empty((0, len(X))), 0.1, 50)
+    assert loss_shift.std() > 0.05
+
+
+def test_check_reports_the_progress_band_and_the_loss_shift_band():
+    train = synthetic_runs((5e4, 2e5, 8e5))
+    res = fitting.check(train, synthetic_runs((3.2e6,)), fixed={"loss_floor": 1.2}, draws=0,
+                        targets=[4.0, 3.5, 3.0])
+    assert res["progress_sd"] < 0.05  # the model made every training run
+    for row in res["rows"]:
+        assert set(row) >= {"band", "inside", "band_loss_shift", "inside_loss_shift"}
+    assert res["inside_band_loss_shift"] == pytest.approx(
+        sum(r["inside_loss_shift"] for r in res["rows"]) / res["points"])
+    assert res["inside_closed_band_loss_shift"] <= res["inside_band_loss_shift"]
+
+
 def test_fit_refuses_too_few_points_and_unknown_fixed():
     one = synthetic_runs((1e5,))[:1]
     with pytest.raises(SpecError, match="evaluation points"):
@@ -377,6 +418,17 @@ def test_calibrated_profile_predicts_time_to_target(scaling_profile):
         assert a["time_to_target_s"] == pytest.approx(sum(a["step_times_s"][:s]) + extra)
     again, _ = simulate(scn)
     assert json.dumps(again, sort_keys=True) == json.dumps(out, sort_keys=True)
+    # the band draws each run's progress factor; a profile without progress_sd (fitted
+    # before it) draws a constant loss shift of residual_sd instead
+    assert scaling_profile["progress_sd"] > 0
+    old = {k: v for k, v in scaling_profile.items() if k != "progress_sd"}
+    before, _ = simulate(scaling_scenario(old, **{"convergence.target_loss": 3.5}))
+    for a, b in zip(out["algorithms"], before["algorithms"], strict=True):
+        assert a["convergence"]["loss_curve"] == b["convergence"]["loss_curve"]
+        assert a["convergence"]["loss_curve_p90"] != b["convergence"]["loss_curve_p90"]
+        # a progress factor leaves the untrained loss where it is
+        assert a["convergence"]["loss_curve_p90"][0] == pytest.approx(
+            a["convergence"]["loss_curve"][0])
 
 
 def test_extrapolation_and_data_constants_are_said(scaling_profile):
@@ -466,13 +518,20 @@ def test_check_plans_follow_the_split():
     seventh = run(1280, 128, 1.9)
     # the eighth check's runs come in two files; both are its check set
     eighth = [run(1536, 128, 1.85), run(1536, 128, 1.8, "kjv-h1536-b")]
-    plans = {p["what"]: p for p in check_plans([*runs, after, seventh, *eighth])}
+    # the ninth's in three
+    ninth = [run(1792, 128, 1.75), run(1792, 128, 1.74, "kjv-h1792-b"),
+             run(1792, 128, 1.76, "kjv-h1792-c")]
+    plans = {p["what"]: p for p in check_plans([*runs, after, seventh, *eighth, *ninth])}
     assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
                            "third size", "third horizon", "fourth size", "fourth horizon",
                            "fifth size", "sixth size", "seventh size", "eighth size",
-                           "seventh size (lr damage fitted)"]
-    # the seventh check was scored and read: only the eighth is held out
-    assert [p["seen"] for p in plans.values()] == [True] * 11 + [False, True]
+                           "ninth size", "seventh size (lr damage fitted)"]
+    # the eighth check was scored and read: only the ninth is held out
+    assert [p["seen"] for p in plans.values()] == [True] * 12 + [False, True]
+    assert plans["ninth size"]["check_set"] == ninth
+    assert {r.key for r in plans["ninth size"]["fit_set"]} == {
+        r.key for r in [*runs, after, seventh, *eighth]}
+    assert plans.pop("ninth size")["targets"] != plans["eighth size"]["targets"]
     assert plans["eighth size"]["check_set"] == eighth
     assert {r.key for r in plans["eighth size"]["fit_set"]} == {
         r.key for r in [*runs, after, seventh]}
@@ -509,10 +568,16 @@ def test_check_plans_follow_the_split():
     assert list(all8)[-5:] == ["sixth size, from step 0", "seventh size, from step 0",
                                "eighth size, from step 0", "seventh size (lr damage fitted)",
                                "seventh size, from step 0 (lr damage fitted)"]
-    judged = all8["eighth size, from step 0"]
-    assert judged["check_set"] == whole8 and not judged["seen"]
-    assert judged["fit_set"] == all8["eighth size"]["fit_set"]
-    assert judged["targets"] == all8["eighth size"]["targets"]
+    assert all8["eighth size, from step 0"]["seen"]  # scored and read
+    # the ninth, judged from step 0: held out, the same fit and targets as from the plateau
+    whole9 = [run(1792, 128, 1.75, "whole"), run(1792, 128, 1.74, "kjv-h1792-b whole")]
+    all9 = {p["what"]: p for p in check_plans(
+        [*runs, seventh, *eighth, *ninth],
+        [*whole, run(1280, 128, 1.9, "whole"), *whole8, *whole9])}
+    judged = all9["ninth size, from step 0"]
+    assert judged["check_set"] == whole9 and not judged["seen"]
+    assert judged["fit_set"] == all9["ninth size"]["fit_set"]
+    assert judged["targets"] == all9["ninth size"]["targets"]
     assert [r.key for r in zero["sixth size, from step 0"]["check_set"]] == ["h1024/s128whole"]
     assert zero["sixth size, from step 0"]["fit_set"] == zero["sixth size"]["fit_set"]
     assert zero["sixth size, from step 0"]["targets"] == zero["sixth size"]["targets"]
