@@ -103,7 +103,7 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
     fitted, what is predicted, and the losses scored. Scored on the stage after the unigram
     plateau ("post" segments of runs.segments, steps counted from where the loss leaves it;
     whole runs where the study has no unigram loss). `whole`: the same runs unsegmented; with
-    them the sixth, seventh and eighth checks are also scored from step 0 ("sixth size, from
+    them the sixth to ninth checks are also scored from step 0 ("sixth size, from
     step 0": the same fit and targets, the check runs' steps counted from their first step, as
     a scenario's prediction counts them; the eighth and ninth size targets are judged on this
     score)."""

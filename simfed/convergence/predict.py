@@ -217,8 +217,11 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
         "loss_init": loss_init, "loss_floor": float(floor),
         "profile_source": prof.source,
         "first_to_target": first,
-        "band": f"p10..p90 of {samples} parameter draws (bootstrap refits, or the fit's "
-                "covariance) plus its residual spread",
+        "band": (f"p10..p90 of {samples} parameter draws (bootstrap refits, or the fit's "
+                 "covariance), each run's progress scaled by a draw of the fit runs' spread "
+                 f"(ln f sd {prof.progress_sd:.3g})" if prof.progress_sd else
+                 f"p10..p90 of {samples} parameter draws (bootstrap refits, or the fit's "
+                 "covariance) plus its residual spread"),
         "rule": RULE,
         "inputs": {"non_embedding_params": n_params, "lr": t.lr, "steps": t.steps,
                    "warmup_steps": t.warmup_steps, "schedule": t.lr_schedule},
