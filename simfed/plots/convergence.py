@@ -114,16 +114,35 @@ def plot_fl_grid(study: dict[str, Any]) -> Figure:
 LONG_STYLES = (("--", "dashed"), (":", "dotted"), ("-.", "dash-dot"),
                ((0, (8, 2, 1, 2, 1, 2)), "dash-dot-dot"), ((0, (1, 4)), "loosely dotted"))
 
-SIZE_KEYS = (("fsdp/n32/k0/lr0.003", "FSDP, 128 sequences"),
-             ("fl_fsdp/n32/k8/lr0.003", "FL+FSDP, 32 groups x 4, K = 8"),
-             ("fsdp/n1/k0/lr0.003", "one group of 4"))
+# per panel, the first learning rate at which the size has the central comparison (lr 3e-3 at
+# the sizes with the full grid, the paper's 3e-4 at the largest), and its three shapes; FL+FSDP
+# is 32 groups x 4 where the host could run them, else 8 x 4
+SIZE_LRS = ("0.003", "0.0003")
+SIZE_SHAPES = ((("fsdp/n32/k0",), "FSDP, 128 sequences"),
+               (("fl_fsdp/n32/k8", "fl_fsdp/n8/k8"), "FL+FSDP, {g} groups x 4, K = 8"),
+               (("fsdp/n1/k0",), "one group of 4"))
+
+
+def _size_panel(runs: list[dict[str, Any]]) -> tuple[str, list[tuple[str, str]]]:
+    """(lr, [(key prefix, label)]) of a size's central comparison."""
+    keys = {r["key"].split("/s")[0] for r in runs}
+    for lr in SIZE_LRS:
+        found = []
+        for prefixes, label in SIZE_SHAPES:
+            hit = next((p for p in prefixes if f"{p}/lr{lr}" in keys), None)
+            if hit:
+                found.append((f"{hit}/lr{lr}", label.format(g=hit.split("/n")[1].split("/")[0])))
+        if found:
+            return lr, found
+    return SIZE_LRS[0], []
 
 
 def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
     """The size study's central comparison, one panel per model size (every file of that
-    model together): measured eval loss against steps at lr 3e-3 for FSDP, FL+FSDP and one
-    group alone (every seed; 128-step runs solid, longer ones dashed and dotted), with the
-    data's unigram loss, where the small models stall."""
+    model together): measured eval loss against steps for FSDP, FL+FSDP and one group alone
+    at lr 3e-3, or at the paper's 3e-4 where a size has no 3e-3 runs (every seed; 128-step runs
+    solid, longer ones dashed and dotted), with the data's unigram loss, where the small
+    models stall."""
     by_model: dict[str, list[dict[str, Any]]] = {}
     for st in sorted(studies, key=lambda st: st["model"].get("non_embedding_params") or 0):
         by_model.setdefault(st["model"]["name"], []).append(st)
@@ -133,10 +152,12 @@ def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
     lengths = sorted({int(r["steps"]) for st in studies for r in st["runs"]} - {128})
     styles = dict(zip(lengths, LONG_STYLES, strict=False))  # (style, name) per longer length
     for ax, group in zip(axes, by_model.values(), strict=True):
-        for (key, label), color in zip(SIZE_KEYS, colors, strict=True):
+        runs = [r for st in group for r in st["runs"]]
+        lr, shapes = _size_panel(runs)
+        for (key, label), color in zip(shapes, colors, strict=False):
             first = True
-            for r in (r for st in group for r in st["runs"]):
-                if r["key"].split("/s")[0] != key.split("/s")[0] or not r["key"].startswith(key):
+            for r in runs:
+                if r["key"].split("/s")[0] != key:
                     continue
                 ax.plot(r["eval_steps"], r["eval_loss"], color=color, linewidth=1.0,
                         alpha=0.9 if r["seed"] == 0 else 0.45,
@@ -148,15 +169,17 @@ def plot_size_study(studies: list[dict[str, Any]]) -> Figure:
         if u:
             ax.axhline(u, color="#c44e52", linestyle=":", linewidth=1, label="unigram loss")
         n = st["model"].get("non_embedding_params") or st["model"]["params"]
-        ax.set_title(f"{st['model']['name']} ({n / 1e6:.3g}M non-embedding)", fontsize=9)
+        ax.set_title(f"{st['model']['name']} ({n / 1e6:.3g}M non-embedding), lr {float(lr):g}",
+                     fontsize=9)
         ax.set_xscale("symlog", linthresh=16)
         ax.set_xlim(left=0)
         ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
     longer = ", ".join(f"{name}: {k}" for k, (_, name) in styles.items())
     fig.supxlabel("optimizer steps (solid: 128" + (f"; {longer}" if longer else "") + ")",
                   fontsize=9)
     axes[0].set_ylabel("eval loss (nats)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle("size study, lr 3e-3: FedAvg of AdamW groups against one large batch and one "
-                 "group (every seed)", fontsize=10)
+    fig.suptitle("size study: FedAvg of AdamW groups against one large batch and one group "
+                 "(every seed; lr 3e-3, or the paper's 3e-4 at the sizes without 3e-3 runs)",
+                 fontsize=10)
     return fig

@@ -338,3 +338,27 @@ def test_a_diverged_run_still_plots(tmp_path):
     from simfed.plots import load_summaries
 
     check_saved(plot_perplexity(load_summaries([p])), tmp_path)
+
+
+def test_size_study_panels_use_the_lr_each_size_has():
+    """One panel per size: lr 3e-3 where the size has the central comparison there, else the
+    paper's 3e-4, with FL+FSDP 8 x 4 where 32 x 4 was not run."""
+    from simfed.plots import plot_size_study
+
+    def study(name, n, keys):
+        runs = [{"key": k, "seed": 0, "steps": 128, "eval_steps": [0, 64, 128],
+                 "eval_loss": [5.5, 3.0, 2.5]} for k in keys]
+        return {"model": {"name": name, "non_embedding_params": n, "params": n},
+                "data": {"unigram_loss_nats": 2.94}, "runs": runs}
+
+    small = study("llama-h64", 9e4, ["fsdp/n32/k0/lr0.003", "fl_fsdp/n32/k8/lr0.003",
+                                     "fsdp/n1/k0/lr0.003", "fsdp/n32/k0/lr0.0003"])
+    large = study("llama-h1792", 7.2e7, ["fsdp/n32/k0/lr0.0003", "fl_fsdp/n8/k8/lr0.0003",
+                                         "fsdp/n1/k0/lr0.0003", "fl_fsdp/n4/k4/lr0.0003"])
+    fig = plot_size_study([large, small])
+    a, b = fig.axes[:2]
+    assert a.get_title().endswith("lr 0.003") and b.get_title().endswith("lr 0.0003")
+    assert [line.get_label() for line in b.get_lines()[:3]] == [
+        "FSDP, 128 sequences", "FL+FSDP, 8 groups x 4, K = 8", "one group of 4"]
+    assert len(a.get_lines()) == len(b.get_lines()) == 4  # three shapes and the unigram loss
+    assert "FL+FSDP, 32 groups x 4, K = 8" in [line.get_label() for line in a.get_lines()]
