@@ -247,7 +247,7 @@ SCALING_PROFILE: dict[str, Rule] = {
     "params": Rule("dict"), **_params(SCALING_PARAMS),
     "covariance": Rule("list"), "covariance[*]": Rule("list"), "covariance[*][*]": num(),
     "draws": Rule("list", required=False), "draws[*]": Rule("list"), "draws[*][*]": num(),
-    "residual_sd": num(0, 10), "rms_error": num(0, 10),
+    "residual_sd": num(0, 10), "progress_sd": num(0, 10, **OPT), "rms_error": num(0, 10),
     "on_bound": Rule("list", required=False),
     "on_bound[*]": Rule("enum", choices=tuple(SCALING_PARAMS)),
     "fitted_range": Rule("dict"), "fitted_range.data": Rule("str"),
