@@ -223,10 +223,7 @@ def draws_with_noise(x: np.ndarray, draws: np.ndarray, residual_sd: float, n: in
     rng = np.random.default_rng([seed, 0xC0])
     thetas = draws[np.arange(n) % len(draws)] if len(draws) else np.repeat(x[None, :], n, axis=0)
     shift = rng.normal(0.0, residual_sd, size=(n, 1))
-    if progress > 0:
-        factor = np.random.default_rng([seed, 0xC1]).normal(0.0, progress, size=n)
-        return scaling.shift_progress(thetas, factor), np.zeros((n, 1))
-    return thetas, shift
+    return scaling.spread_draws(thetas, shift, progress, [seed, 0xC1])
 
 
 def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
@@ -249,9 +246,8 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
                       extra=extra)
             if draws else np.empty((0, len(scaling.PARAMS))))
     spread = progress_sd(f["x"], fit_set)
-    thetas, shift = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed,
-                                     progress=spread)
     thetas_ls, shift_ls = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed)
+    thetas, shift = scaling.spread_draws(thetas_ls, shift_ls, spread, [seed, 0xC1])
     if targets is None:
         loss_init = float(np.mean([r.eval_loss[0] for r in fit_set]))
         targets = split_targets(loss_init, min(r.final_loss for r in fit_set))

@@ -170,10 +170,7 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
         j = scaling.IDX[name]
         draws[:, j] = np.maximum(draws[:, j], low)
     shift = rng.normal(0.0, prof.residual_sd, size=(samples, 1))
-    if prof.progress_sd:  # each draw's run learns f times as fast, ln f ~ N(0, progress_sd)
-        factor = np.random.default_rng([scn.seed, 0xC1]).normal(0.0, prof.progress_sd, samples)
-        draws = scaling.shift_progress(draws, factor)
-        shift = np.zeros_like(shift)
+    draws, shift = scaling.spread_draws(draws, shift, prof.progress_sd, [scn.seed, 0xC1])
     floor = x[scaling.IDX["loss_floor"]]
     check_target(target, floor, loss_init)
     t = scn.training

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -319,6 +320,17 @@ def shift_progress(thetas: np.ndarray, log_factor: np.ndarray | float) -> np.nda
     out[:, IDX["log_progress_scale"]] -= log_factor
     out[:, IDX["log_unigram_scale"]] -= log_factor
     return out
+
+
+def spread_draws(thetas: np.ndarray, shift: np.ndarray, progress_sd: float | None,
+                 seed: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A band's draws and loss shifts: with a progress spread, each draw's progress scaled by
+    exp(ln f), ln f ~ N(0, progress_sd) (seeded by `seed`), and no loss shift; without one
+    (profiles fitted before it), the draws and the residual spread's loss shifts as given."""
+    if not progress_sd:
+        return thetas, shift
+    factor = np.random.default_rng(seed).normal(0.0, progress_sd, size=len(thetas))
+    return shift_progress(thetas, factor), np.zeros_like(shift)
 
 
 def noise_scale(theta: np.ndarray, loss: float) -> float:
