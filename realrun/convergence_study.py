@@ -441,6 +441,34 @@ EXPERIMENTS = (
 )
 
 
+# The tenth check, fixed before any of its runs was made: a fresh size (hidden 1920, 82.9M
+# non-embedding parameters, 1.15x the largest fitted) at the paper's lr 3e-4: FSDP on 128
+# sequences, one group of 4, FL+FSDP 4 x 4 with K = 4 and with K = 8, evaluated every 4 steps.
+# Two experiments so that the host's memory holds what runs at once: FSDP alone beside the
+# small ones; together they are the check set.
+TENTH_SIZE = {1920: 5280}
+
+
+def tenth_size_points(part: int) -> tuple[RunPoint, ...]:
+    if part == 0:
+        return (RunPoint("fsdp", 32, lr=3e-4, seeds=(0,)),)
+    return (RunPoint("fsdp", 1, lr=3e-4, seeds=(0,)),
+            RunPoint("fl_fsdp", 4, 4, 3e-4, seeds=(0,)),
+            RunPoint("fl_fsdp", 4, 8, 3e-4, seeds=(0,)))
+
+
+EXPERIMENTS = (
+    *EXPERIMENTS,
+    *(Experiment(f"kjv-h{h}{suffix}", f"Llama, 2 layers, hidden {h}, the King James Bible "
+                 f"(bytes): the fresh size of the tenth check, {what}",
+                 base=size_base(h, ffn), points=tenth_size_points(part), evals_per_run=32)
+      for h, ffn in TENTH_SIZE.items()
+      for part, suffix, what in ((0, "", "FSDP at lr 3e-4 (part 1 of 2)"),
+                                 (1, "-b", "one group of 4 and FL+FSDP 4 x 4 with K = 4 and 8 "
+                                           "(part 2 of 2)"))),
+)
+
+
 def experiment(name: str) -> Experiment:
     for e in EXPERIMENTS:
         if e.name == name:
