@@ -158,10 +158,21 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
                           split.FIFTH_FIT_MAX_STEPS, split.EIGHTH_SIZE_HIDDEN, 0)
     plans += _fresh_plans(runs_all, ("ninth size", ""), split.NINTH_FIT_HIDDEN,
                           split.FIFTH_FIT_MAX_STEPS, split.NINTH_SIZE_HIDDEN, 0)
+    # the tenth: its own targets (judged), the fresh size's as a second report; banded with
+    # the held-out checks' spread where split.HELD_OUT_BAND says so
+    tenth = [{**p, "held_out_band": split.HELD_OUT_BAND} for p in (
+        *_fresh_plans(runs_all, ("tenth size", ""), split.TENTH_FIT_HIDDEN,
+                      split.FIFTH_FIT_MAX_STEPS, split.TENTH_SIZE_HIDDEN, 0,
+                      split.TENTH_FRACTIONS),
+        *_fresh_plans(runs_all, ("tenth size, fresh-size targets", ""), split.TENTH_FIT_HIDDEN,
+                      split.FIFTH_FIT_MAX_STEPS, split.TENTH_SIZE_HIDDEN, 0))]
+    plans += tenth
     for name, hidden in (("sixth size", split.SIXTH_SIZE_HIDDEN),
                          ("seventh size", split.SEVENTH_SIZE_HIDDEN),
                          ("eighth size", split.EIGHTH_SIZE_HIDDEN),
-                         ("ninth size", split.NINTH_SIZE_HIDDEN)):
+                         ("ninth size", split.NINTH_SIZE_HIDDEN),
+                         ("tenth size", split.TENTH_SIZE_HIDDEN),
+                         ("tenth size, fresh-size targets", split.TENTH_SIZE_HIDDEN)):
         size = [p for p in plans if p["what"] == name]
         from_zero = [r for r in whole if _hidden(r) == hidden]
         if size and from_zero:
@@ -174,9 +185,11 @@ def check_plans(runs: list[Run], whole: list[Run] | tuple[Run, ...] = ()
 
 def _fresh_plans(runs: list[Run], names: tuple[str, str],
                  fit_hidden: tuple[int, ...], fit_max_steps: int, size_hidden: int,
-                 long_steps: int) -> list[dict[str, Any]]:
+                 long_steps: int, fractions: tuple[float, ...] = split.TARGET_FRACTIONS
+                 ) -> list[dict[str, Any]]:
     """One held-out check of split.py past the first: a fresh size (targets: split.targets of
-    the drop to the best final loss of the fit set's 128-step runs) and a fresh horizon
+    the drop to the best final loss of the fit set's 128-step runs, at `fractions`) and a fresh
+    horizon
     (targets per run: _long_targets), both fitted on the runs of `fit_hidden` of at most
     `fit_max_steps` steps; the check runs are the scored segments of `runs`."""
     fit_set = [r for r in runs if _hidden(r) in fit_hidden
@@ -191,7 +204,7 @@ def _fresh_plans(runs: list[Run], names: tuple[str, str],
         best = min(r.final_loss for r in post if int(r.tags["steps"]) == split.HORIZON_FIT_STEPS)
         plans.append({"what": names[0], "fit": "hidden " + ", ".join(map(str, fit_hidden)),
                       "check": f"hidden {size_hidden}", "check_set": size_check,
-                      "targets": split.targets(start, best),
+                      "targets": split.targets(start, best, fractions),
                       "seen": names[0] in split.SEEN_CHECKS, **common})
     if fit_set and long_check:
         best_of = {h: min((r.final_loss for r in post if _hidden(r) == h), default=math.nan)
@@ -211,15 +224,39 @@ def _long_targets(best: dict[int, float], r: Run) -> list[float]:
 
 
 def _run_check(plan: dict[str, Any], fmin: float, draws: int,
-               fixed: dict[str, float] | None) -> dict[str, Any]:
+               fixed: dict[str, float] | None, band_sd: float | None = None
+               ) -> dict[str, Any]:
     """One check: fit, bootstrap refits for the band (none for a check whose runs were seen
-    before the model was fixed: its band is the fit's residual spread alone), predict."""
+    before the model was fixed: its band is the fit's residual spread alone), predict;
+    `band_sd`: the band's progress spread in place of the fit runs'."""
     c = fitting.check(plan["fit_set"], plan["check_set"], floor_min=fmin,
                       draws=0 if plan["seen"] else draws, fixed=fixed,
                       extra=plan.get("free", ()),
-                      targets=plan["targets"])
+                      targets=plan["targets"], band_sd=band_sd)
     return {"what": plan["what"], "fit": plan["fit"], "check": plan["check"],
             "seen": plan["seen"], "free": list(plan.get("free", ())), **c}
+
+
+def held_out_spread(checks: list[dict[str, Any]],
+                    names: tuple[str, ...] = split.BAND_FROM_CHECKS) -> dict[str, Any] | None:
+    """The progress spread held-out predictions met: the rms of ln f over the check runs of
+    the checks `names` (each run's factor under its own check's profile), or None where
+    none of them was scored."""
+    factors = [f["ln_f"] for c in checks if c["what"] in names and not c["free"]
+               for f in c["check_factors"]]
+    if not factors:
+        return None
+    used = [c["what"] for c in checks if c["what"] in names and not c["free"]]
+    return {"sd": float(np.sqrt(np.mean(np.square(factors)))), "runs": len(factors),
+            "checks": used}
+
+
+def _map(fn: Any, plans: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
+    jobs = max(1, min(len(plans), jobs))
+    if jobs == 1:
+        return [fn(p) for p in plans]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(fn, plans))
 
 
 def held_out_checks(runs: list[Run], fmin: float, draws: int = 20,
@@ -228,14 +265,26 @@ def held_out_checks(runs: list[Run], fmin: float, draws: int = 20,
                     ) -> list[dict[str, Any]]:
     """The checks of split.py that these runs allow (check_plans; `only`: those named), each
     fitted and scored, in parallel processes (`jobs`, default one per CPU core); the results
-    do not depend on how many."""
-    plans = [p for p in check_plans(runs, whole) if not only or p["what"] in only]
-    jobs = max(1, min(len(plans), jobs or os.cpu_count() or 1))
-    if jobs == 1:
-        return [_run_check(p, fmin, draws, fixed) for p in plans]
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_run_check, p, fmin, draws, fixed) for p in plans]
-        return [f.result() for f in futures]
+    do not depend on how many. A plan marked `held_out_band` is banded with the spread of the
+    checks of split.BAND_FROM_CHECKS (held_out_spread), scored first."""
+    every = check_plans(runs, whole)
+    plans = [p for p in every if not only or p["what"] in only]
+    jobs = jobs or os.cpu_count() or 1
+    banded = [p for p in plans if p.get("held_out_band")]
+    sources = [p for p in every if p["what"] in split.BAND_FROM_CHECKS] if banded else []
+    first = [p for p in plans if not p.get("held_out_band")]
+    first += [p for p in sources if p not in first]
+    run = functools.partial(_run_check, fmin=fmin, draws=draws, fixed=fixed)
+    done = _map(run, first, jobs)
+    spread = held_out_spread(done) if banded else None
+    if banded and spread is not None:
+        later = _map(functools.partial(run, band_sd=spread["sd"]), banded, jobs)
+        for c in later:
+            c["band_from"] = spread
+    else:
+        later = _map(run, banded, jobs)
+    by = {c["what"]: c for c in done + later}
+    return [by[p["what"]] for p in plans]
 
 
 def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
@@ -251,13 +300,19 @@ def calibrate_scaling(studies: list[dict[str, Any]], out: Path, report: Path,
     boot = (fitting.bootstrap(runs, draws, floor_min=fmin, x0=f["x"], fixed=fixed,
                               jobs=os.cpu_count() or 1) if draws else np.empty((0, 0)))
     names = ", ".join(sorted({s["experiment"] for s in studies}))
+    fit_sd = fitting.progress_sd(f["x"], runs)
+    held = held_out_spread(checks, split.PROFILE_BAND_FROM) if split.HELD_OUT_BAND else None
     profile: dict[str, Any] = {
         "schema": PROFILE_V2, "model": "scaling",
         "source": f"{names}: {len(runs)} runs, {f['points']} evaluation points",
         "params": dict(zip(scaling.PARAMS, (float(v) for v in f["x"]), strict=True)),
         "covariance": [[float(v) for v in row] for row in f["cov"]],
         "draws": [[float(v) for v in row] for row in boot],
-        "residual_sd": f["residual_sd"], "progress_sd": fitting.progress_sd(f["x"], runs),
+        "residual_sd": f["residual_sd"],
+        "progress_sd": held["sd"] if held else fit_sd,
+        **({"fit_progress_sd": fit_sd,
+            "progress_sd_from": f"held-out checks: {', '.join(held['checks'])} "
+                                f"({held['runs']} runs)"} if held else {}),
         "rms_error": f["rms"],
         "on_bound": f["on_bound"],
         "fitted_range": fitted_range(studies, runs),
@@ -307,8 +362,11 @@ def summary_lines(profile: dict[str, Any], f: dict[str, Any], checks: list[dict[
         + f"{p['lr_tail_size_exponent']:.3g}"
         + (f" (95% interval {iv['lr_tail_size_exponent'][0]:.3g}.."
            f"{iv['lr_tail_size_exponent'][1]:.3g})" if iv.get("lr_tail_size_exponent") else ""),
-        f"  band: each run's progress x f, ln f ~ N(0, {profile['progress_sd']:.3g}) (the fit "
-        f"runs' spread; residual spread {profile['residual_sd']:.3g} nats)",
+        f"  band: each run's progress x f, ln f ~ N(0, {profile['progress_sd']:.3g}) ("
+        + (f"the spread the {profile['progress_sd_from']} met; the fit runs' "
+           f"{profile['fit_progress_sd']:.3g}" if profile.get("progress_sd_from") else
+           "the fit runs' spread")
+        + f"; residual spread {profile['residual_sd']:.3g} nats)",
         f"  FedAvg: kappa {math.exp(p['log_fl_kappa']):.3g}"
         + (f" (95% interval of ln kappa {k[0]:.3g}..{k[1]:.3g})" if k else ""),
     ]

@@ -229,14 +229,17 @@ def draws_with_noise(x: np.ndarray, draws: np.ndarray, residual_sd: float, n: in
 def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
           fixed: dict[str, float] | None = None,
           targets: list[float] | Callable[[Run], list[float]] | None = None,
-          draws: int = 20, samples: int = 100, seed: int = 0, extra: tuple[str, ...] = ()
-          ) -> dict[str, Any]:
+          draws: int = 20, samples: int = 100, seed: int = 0, extra: tuple[str, ...] = (),
+          band_sd: float | None = None) -> dict[str, Any]:
     """Fit on `fit_set`, predict every run of `check_set`: steps to each target it reaches
     (error = predicted / measured - 1) and whether the measured steps lie in [p10, p90].
-    The band: the refits with each run's progress scaled by a draw of the fit runs' spread
-    (progress_sd), as `simfed run` draws it; the band of a constant loss shift (the residual
-    spread, as profiles before the progress spread drew it) is reported beside it
-    ("*_loss_shift").
+    The band: the refits with each run's progress scaled by a draw of ln f ~ N(0, band_sd),
+    as `simfed run` draws it; `band_sd` None: the fit runs' spread (progress_sd). With a
+    `band_sd`, the fit runs' spread's band is reported beside it ("*_fit_spread"); the band of
+    a constant loss shift (the residual spread, as profiles before the progress spread drew
+    it) always is ("*_loss_shift"). The check runs' own progress factors under the fit
+    (`check_factors`, their rms `check_progress_sd`) are the spread a held-out prediction
+    meets.
     `extra`: parameters of OFF_UNLESS_ASKED that the fit frees.
     `targets`: the losses scored, the same for every check run or a function of the run."""
     from .split import targets as split_targets
@@ -247,7 +250,10 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             if draws else np.empty((0, len(scaling.PARAMS))))
     spread = progress_sd(f["x"], fit_set)
     thetas_ls, shift_ls = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed)
-    thetas, shift = scaling.spread_draws(thetas_ls, shift_ls, spread, [seed, 0xC1])
+    thetas, shift = scaling.spread_draws(thetas_ls, shift_ls,
+                                         spread if band_sd is None else band_sd, [seed, 0xC1])
+    # the same draws of the fit runs' spread, reported beside a band of another spread
+    thetas_fs, shift_fs = scaling.spread_draws(thetas_ls, shift_ls, spread, [seed, 0xC1])
     if targets is None:
         loss_init = float(np.mean([r.eval_loss[0] for r in fit_set]))
         targets = split_targets(loss_init, min(r.final_loss for r in fit_set))
@@ -255,6 +261,7 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
     point = scaling.loss_curves_many(f["x"], shapes)
     band = scaling.loss_curves_many(thetas, shapes)
     band_ls = scaling.loss_curves_many(thetas_ls, shapes)
+    band_fs = scaling.loss_curves_many(thetas_fs, shapes) if band_sd is not None else None
 
     def quantiles(curves: np.ndarray, at: np.ndarray, tgt: float) -> tuple[float, float]:
         lo, hi = np.quantile([crossing(at, row, tgt) for row in curves[:, at]], BAND,
@@ -283,14 +290,20 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             lo, hi = quantiles(band[j] + shift, at, tgt)
             lo_ls, hi_ls = quantiles(band_ls[j] + shift_ls, at, tgt)
             pred_v = pred if math.isfinite(pred) else float(at[-1])  # at least this late
-            rows.append({"key": r.key, "source": r.source, "seed": r.seed,
-                         "target_loss": round(tgt, 4), "measured_steps": round(meas, 2),
-                         "predicted_steps": round(pred, 2) if math.isfinite(pred) else None,
-                         "band": [finite(lo), finite(hi)],
-                         "inside": bool(lo <= meas <= hi),
-                         "band_loss_shift": [finite(lo_ls), finite(hi_ls)],
-                         "inside_loss_shift": bool(lo_ls <= meas <= hi_ls),
-                         "error": pred_v / meas - 1})
+            row = {"key": r.key, "source": r.source, "seed": r.seed,
+                   "target_loss": round(tgt, 4), "measured_steps": round(meas, 2),
+                   "predicted_steps": round(pred, 2) if math.isfinite(pred) else None,
+                   "band": [finite(lo), finite(hi)],
+                   "inside": bool(lo <= meas <= hi),
+                   "band_loss_shift": [finite(lo_ls), finite(hi_ls)],
+                   "inside_loss_shift": bool(lo_ls <= meas <= hi_ls),
+                   "error": pred_v / meas - 1}
+            if band_fs is not None:
+                lo_fs, hi_fs = quantiles(band_fs[j] + shift_fs, at, tgt)
+                row |= {"band_fit_spread": [finite(lo_fs), finite(hi_fs)],
+                        "inside_fit_spread": bool(lo_fs <= meas <= hi_fs)}
+            rows.append(row)
+    factors = progress_factors(f["x"], check_set) if check_set else np.empty(0)
     errs = [abs(row["error"]) for row in rows]
     with_unreached = errs + [abs(u["error_at_least"]) for u in unreached]
     shown = sorted({row["target_loss"] for row in rows}) if callable(targets) else targets
@@ -305,6 +318,15 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
                                        if rows else None),
             "inside_closed_band_loss_shift": _closed(rows, "_loss_shift"),
             "progress_sd": spread,
+            "band_sd": spread if band_sd is None else band_sd,
+            **({"inside_band_fit_spread": sum(r["inside_fit_spread"] for r in rows) / len(rows),
+                "inside_closed_band_fit_spread": _closed(rows, "_fit_spread")}
+               if band_sd is not None and rows else {}),
+            "check_factors": [{"key": r.key, "source": r.source, "seed": r.seed,
+                               "ln_f": round(float(v), 4)} for r, v in zip(check_set, factors,
+                                                                            strict=True)],
+            "check_progress_sd": (float(np.sqrt(np.mean(factors ** 2))) if len(factors)
+                                  else None),
             "unreached": len(unreached),
             # the median with each unreached target counted at its least error
             "median_abs_error_with_unreached": (median(with_unreached) if with_unreached
@@ -316,7 +338,7 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
 
 def _closed(rows: list[dict[str, Any]], band: str) -> float | None:
     """The share of rows inside their band with bands open above (p90 never reaches the
-    target) counted as outside; `band`: "" or "_loss_shift"."""
+    target) counted as outside; `band`: "", "_loss_shift" or "_fit_spread"."""
     if not rows:
         return None
     inside = "inside" + band

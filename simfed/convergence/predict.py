@@ -215,8 +215,10 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
         "profile_source": prof.source,
         "first_to_target": first,
         "band": (f"p10..p90 of {samples} parameter draws (bootstrap refits, or the fit's "
-                 "covariance), each run's progress scaled by a draw of the fit runs' spread "
-                 f"(ln f sd {prof.progress_sd:.3g})" if prof.progress_sd else
+                 "covariance), each run's progress scaled by a draw of "
+                 + (f"the spread {prof.progress_sd_from} met" if prof.progress_sd_from
+                    else "the fit runs' spread")
+                 + f" (ln f sd {prof.progress_sd:.3g})" if prof.progress_sd else
                  f"p10..p90 of {samples} parameter draws (bootstrap refits, or the fit's "
                  "covariance) plus its residual spread"),
         "rule": RULE,

@@ -167,10 +167,14 @@ class ProfileV2(FrozenModel):
     covariance: Matrix
     draws: Matrix = Field(default_factory=list)
     residual_sd: Num = Field(ge=0, le=10)
-    # the sd of ln f over the fit runs, f the factor on a run's progress that fits it best
+    # the sd of ln f, f the factor on a run's progress that fits it best
     # (fitting.progress_factors): the band draws it; without it (profiles fitted before it)
     # the band draws a constant loss shift of residual_sd
     progress_sd: Num | None = Field(None, ge=0, le=10)
+    # where progress_sd is the spread held-out checks met (their check runs' ln f), the fit
+    # runs' own spread and which checks it came from
+    fit_progress_sd: Num | None = Field(None, ge=0, le=10)
+    progress_sd_from: str | None = None
     rms_error: Num = Field(ge=0, le=10)
     on_bound: list[str] = Field(default_factory=list)
     fitted_range: FittedRangeV2

@@ -305,6 +305,69 @@ def test_check_reports_the_progress_band_and_the_loss_shift_band():
     assert res["inside_closed_band_loss_shift"] <= res["inside_band_loss_shift"]
 
 
+def test_check_measures_the_check_runs_factors_and_bands_with_a_given_spread():
+    """The check runs' own progress factors under the fit are reported (the spread a held-out
+    prediction meets); a given band_sd draws the band, the fit runs' spread's band beside."""
+    train = synthetic_runs((5e4, 2e5, 8e5))
+    held = synthetic_runs((3.2e6,))
+    factors = np.linspace(-0.3, 0.3, len(held))
+    made = []
+    for r, f in zip(held, factors, strict=True):
+        c = curve(r.shape, scaling.shift_progress(X, f)[0])
+        made.append(replace(r, eval_loss=tuple(float(c[i]) for i in r.eval_steps)))
+    kw = {"fixed": {"loss_floor": 1.2}, "draws": 0, "targets": [4.0, 3.5, 3.0]}
+    plain = fitting.check(train, made, **kw)
+    assert [f["ln_f"] for f in plain["check_factors"]] == pytest.approx(factors, abs=0.02)
+    assert plain["check_progress_sd"] == pytest.approx(
+        float(np.sqrt(np.mean(factors**2))), abs=0.02)
+    assert plain["band_sd"] == plain["progress_sd"] < 0.05
+    assert "inside_band_fit_spread" not in plain
+    wide = fitting.check(train, made, band_sd=0.3, **kw)
+    assert wide["band_sd"] == 0.3 and wide["progress_sd"] == plain["progress_sd"]
+    for w, p in zip(wide["rows"], plain["rows"], strict=True):
+        assert w["band_fit_spread"] == p["band"] and w["inside_fit_spread"] == p["inside"]
+        lo, hi = w["band"]
+        assert lo <= p["band"][0] and (hi is None or hi >= p["band"][1])
+    # the factors of +-0.3 lie outside the fit runs' near-zero spread, inside 0.3's
+    assert wide["inside_band"] > wide["inside_band_fit_spread"]
+
+
+def test_held_out_spread_pools_the_named_checks_runs():
+    from simfed.convergence.calibrate_scaling import held_out_spread
+
+    def c(what: str, ln_f: list[float], free: tuple[str, ...] = ()) -> dict:
+        return {"what": what, "free": list(free),
+                "check_factors": [{"ln_f": v} for v in ln_f]}
+
+    checks = [c("a", [0.1, -0.3]), c("b", [0.2]), c("c", [5.0]), c("a", [9.0], ("lr_damage",))]
+    got = held_out_spread(checks, ("a", "b"))
+    assert got["sd"] == pytest.approx(math.sqrt((0.01 + 0.09 + 0.04) / 3))
+    assert got["runs"] == 3 and got["checks"] == ["a", "b"]
+    assert held_out_spread(checks, ("z",)) is None
+
+
+def test_held_out_checks_band_the_marked_plans_with_the_sources_spread(monkeypatch):
+    """A plan marked held_out_band is scored after split.BAND_FROM_CHECKS (run even when not
+    asked for) with their check runs' spread, recorded as band_from."""
+    from simfed.convergence import calibrate_scaling as cs
+    from simfed.convergence import split
+
+    src = split.BAND_FROM_CHECKS
+    plans = [{"what": w} for w in src] + [{"what": "new", "held_out_band": True}]
+    monkeypatch.setattr(cs, "check_plans", lambda runs, whole: plans)
+    calls = []
+
+    def fake(plan, fmin, draws, fixed, band_sd=None):
+        calls.append((plan["what"], band_sd))
+        return {"what": plan["what"], "free": [], "check_factors": [{"ln_f": 0.2}]}
+
+    monkeypatch.setattr(cs, "_run_check", fake)
+    out = cs.held_out_checks([], 0.0, jobs=1, only=("new",))
+    assert [c["what"] for c in out] == ["new"]
+    assert calls[-1] == ("new", pytest.approx(0.2)) and len(calls) == len(src) + 1
+    assert out[0]["band_from"]["checks"] == list(src)
+
+
 def test_fit_refuses_too_few_points_and_unknown_fixed():
     one = synthetic_runs((1e5,))[:1]
     with pytest.raises(SpecError, match="evaluation points"):
@@ -429,6 +492,16 @@ def test_calibrated_profile_predicts_time_to_target(scaling_profile):
         # a progress factor leaves the untrained loss where it is
         assert a["convergence"]["loss_curve_p90"][0] == pytest.approx(
             a["convergence"]["loss_curve"][0])
+    # a spread the held-out checks met in place of the fit runs': the band draws it and says so
+    assert "fit runs' spread" in conv["band"]
+    held_sd = {**scaling_profile, "progress_sd": 2 * scaling_profile["progress_sd"],
+               "fit_progress_sd": scaling_profile["progress_sd"],
+               "progress_sd_from": "held-out checks: x, y (7 runs)"}
+    wider, _ = simulate(scaling_scenario(held_sd, **{"convergence.target_loss": 3.5}))
+    assert "the spread held-out checks: x, y (7 runs) met" in wider["convergence"]["band"]
+    for a, b in zip(out["algorithms"], wider["algorithms"], strict=True):
+        assert a["convergence"]["loss_curve"] == b["convergence"]["loss_curve"]
+        assert b["convergence"]["loss_curve_p90"][20] > a["convergence"]["loss_curve_p90"][20]
 
 
 def test_extrapolation_and_data_constants_are_said(scaling_profile):
@@ -521,13 +594,28 @@ def test_check_plans_follow_the_split():
     # the ninth's in three
     ninth = [run(1792, 128, 1.75), run(1792, 128, 1.74, "kjv-h1792-b"),
              run(1792, 128, 1.76, "kjv-h1792-c")]
-    plans = {p["what"]: p for p in check_plans([*runs, after, seventh, *eighth, *ninth])}
+    # the tenth's in two
+    tenth = [run(1920, 128, 1.7), run(1920, 128, 1.71, "kjv-h1920-b")]
+    plans = {p["what"]: p for p in check_plans([*runs, after, seventh, *eighth, *ninth,
+                                                 *tenth])}
     assert list(plans) == ["across size", "past the horizon", "fresh size", "fresh horizon",
                            "third size", "third horizon", "fourth size", "fourth horizon",
                            "fifth size", "sixth size", "seventh size", "eighth size",
-                           "ninth size", "seventh size (lr damage fitted)"]
-    # the eighth check was scored and read: only the ninth is held out
-    assert [p["seen"] for p in plans.values()] == [True] * 12 + [False, True]
+                           "ninth size", "tenth size", "tenth size, fresh-size targets",
+                           "seventh size (lr damage fitted)"]
+    # the ninth check was scored and read: only the tenth is held out, on the band of the
+    # held-out checks' spread, at its own targets and the fresh size's
+    assert [p["seen"] for p in plans.values()] == [True] * 13 + [False, False, True]
+    assert [bool(p.get("held_out_band")) for p in plans.values()] == [False] * 13 + [
+        True, True, False]
+    t10, t10_usual = plans.pop("tenth size"), plans.pop("tenth size, fresh-size targets")
+    assert t10["check_set"] == t10_usual["check_set"] == tenth
+    assert {r.key for r in t10["fit_set"]} == {
+        r.key for r in [*runs, after, seventh, *eighth, *ninth]}
+    drop = t10_usual["targets"][0] - t10_usual["targets"][1]  # 0.5 to 0.75 of the drop
+    assert t10["targets"][1] == pytest.approx(t10_usual["targets"][0])  # both at 0.5
+    assert t10["targets"][0] - t10["targets"][1] == pytest.approx(drop)  # 0.25 to 0.5
+    assert len(t10["targets"]) == len(split.TENTH_FRACTIONS) == 3
     assert plans["ninth size"]["check_set"] == ninth
     assert {r.key for r in plans["ninth size"]["fit_set"]} == {
         r.key for r in [*runs, after, seventh, *eighth]}
@@ -569,15 +657,23 @@ def test_check_plans_follow_the_split():
                                "eighth size, from step 0", "seventh size (lr damage fitted)",
                                "seventh size, from step 0 (lr damage fitted)"]
     assert all8["eighth size, from step 0"]["seen"]  # scored and read
-    # the ninth, judged from step 0: held out, the same fit and targets as from the plateau
+    # the ninth, judged from step 0 (scored and read since), the same fit and targets as from
+    # the plateau; the tenth, judged from step 0, held out, at both of its target sets
     whole9 = [run(1792, 128, 1.75, "whole"), run(1792, 128, 1.74, "kjv-h1792-b whole")]
-    all9 = {p["what"]: p for p in check_plans(
-        [*runs, seventh, *eighth, *ninth],
-        [*whole, run(1280, 128, 1.9, "whole"), *whole8, *whole9])}
-    judged = all9["ninth size, from step 0"]
-    assert judged["check_set"] == whole9 and not judged["seen"]
-    assert judged["fit_set"] == all9["ninth size"]["fit_set"]
-    assert judged["targets"] == all9["ninth size"]["targets"]
+    whole10 = [run(1920, 128, 1.7, "whole"), run(1920, 128, 1.71, "kjv-h1920-b whole")]
+    all10 = {p["what"]: p for p in check_plans(
+        [*runs, seventh, *eighth, *ninth, *tenth],
+        [*whole, run(1280, 128, 1.9, "whole"), *whole8, *whole9, *whole10])}
+    ninth0 = all10["ninth size, from step 0"]
+    assert ninth0["check_set"] == whole9 and ninth0["seen"]
+    assert ninth0["fit_set"] == all10["ninth size"]["fit_set"]
+    assert ninth0["targets"] == all10["ninth size"]["targets"]
+    for name in ("tenth size", "tenth size, fresh-size targets"):
+        judged = all10[f"{name}, from step 0"]
+        assert judged["check_set"] == whole10 and not judged["seen"]
+        assert judged["held_out_band"]
+        assert judged["fit_set"] == all10[name]["fit_set"]
+        assert judged["targets"] == all10[name]["targets"]
     assert [r.key for r in zero["sixth size, from step 0"]["check_set"]] == ["h1024/s128whole"]
     assert zero["sixth size, from step 0"]["fit_set"] == zero["sixth size"]["fit_set"]
     assert zero["sixth size, from step 0"]["targets"] == zero["sixth size"]["targets"]
