@@ -428,6 +428,47 @@ def scaling_profile(tmp_path_factory):
     return yaml.safe_load(out.read_text())
 
 
+def test_calibrated_profile_draws_the_held_out_checks_spread(tmp_path, monkeypatch):
+    """Where split.HELD_OUT_BAND, the shipped profile's progress_sd is the rms of ln f over the
+    check runs of split.PROFILE_BAND_FROM's checks, the fit runs' spread kept beside it."""
+    import json
+
+    import yaml
+
+    from simfed.convergence import calibrate_scaling as cs
+    from simfed.convergence import split
+    from simfed.convergence.calibrate import calibrate_convergence
+
+    paths = []
+    for h, n in ((64, 1e5), (128, 4e5), (256, 1.6e6)):
+        p = tmp_path / f"made-h{h}.json"
+        p.write_text(json.dumps(size_study(h, n)))
+        paths.append(p)
+    real = cs.held_out_checks
+    ln_f = {name: [0.1 * (i + 1), -0.2] for i, name in enumerate(split.PROFILE_BAND_FROM[:2])}
+
+    def with_sources(*a, **kw):
+        checks = real(*a, **kw)
+        return checks + [{**checks[0], "what": w, "check_factors": [{"ln_f": v} for v in fs]}
+                         for w, fs in ln_f.items()]
+
+    monkeypatch.setattr(cs, "held_out_checks", with_sources)
+    monkeypatch.setattr(split, "HELD_OUT_BAND", True)
+    out = tmp_path / "profile.yaml"
+    lines = calibrate_convergence(paths, out, tmp_path / "report.json", draws=0)
+    prof = yaml.safe_load(out.read_text())
+    every = [v for fs in ln_f.values() for v in fs]
+    assert prof["progress_sd"] == pytest.approx(math.sqrt(sum(v * v for v in every) / 4))
+    assert prof["fit_progress_sd"] < 0.05  # the model made every fit run
+    assert prof["progress_sd_from"] == (f"held-out checks: {', '.join(ln_f)} (4 runs)")
+    assert any("the spread the held-out checks:" in line for line in lines)
+    monkeypatch.setattr(split, "HELD_OUT_BAND", False)
+    calibrate_convergence(paths, out, tmp_path / "report.json", draws=0)
+    plain = yaml.safe_load(out.read_text())
+    assert plain["progress_sd"] == pytest.approx(prof["fit_progress_sd"])
+    assert "progress_sd_from" not in plain
+
+
 def scaling_scenario(profile, **over):
     from simfed.spec import load_scenario
 
