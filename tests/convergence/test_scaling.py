@@ -780,3 +780,24 @@ def test_a_profile_fitted_before_the_last_parameters_reads_them_as_defaults():
     old["draws"] = [r[:-4] for r in old["draws"]]
     with pytest.raises(SpecError, match=f"every row must have {len(scaling.PARAMS)} values"):
         profile.parse(old, "scaling")
+
+
+def test_the_shipped_band_is_the_held_out_checks_spread():
+    """The shipped profile's band spread is what its report's held-out checks measured: the rms
+    of ln f over the check runs of split.PROFILE_BAND_FROM, each under its own check's fit; the
+    tenth check, held out when scored, was banded with the seventh to ninth's spread alone."""
+    from simfed.convergence import split
+    from simfed.convergence.calibrate_scaling import held_out_spread
+
+    rep = json.loads((ROOT / "scenarios/convergence/kjv-scaling.json").read_text())
+    prof = yaml.safe_load((ROOT / "scenarios/convergence/kjv-scaling.yaml").read_text())
+    assert split.HELD_OUT_BAND
+    shipped = held_out_spread(rep["checks"], split.PROFILE_BAND_FROM)
+    assert prof["progress_sd"] == pytest.approx(shipped["sd"])
+    assert shipped["checks"] == list(split.PROFILE_BAND_FROM)
+    assert prof["progress_sd_from"].endswith(f"({shipped['runs']} runs)")
+    assert prof["fit_progress_sd"] > prof["progress_sd"]  # the fit runs' is wider (docs)
+    tenth = {c["what"]: c for c in rep["checks"]}["tenth size, from step 0"]
+    assert not tenth["seen"]
+    assert tenth["band_sd"] == pytest.approx(held_out_spread(rep["checks"])["sd"])
+    assert tenth["band_from"]["checks"] == list(split.BAND_FROM_CHECKS)
