@@ -242,13 +242,12 @@ def held_out_spread(checks: list[dict[str, Any]],
     """The progress spread held-out predictions met: the rms of ln f over the check runs of
     the checks `names` (each run's factor under its own check's profile), or None where
     none of them was scored."""
-    factors = [f["ln_f"] for c in checks if c["what"] in names and not c["free"]
-               for f in c["check_factors"]]
+    used = [c for c in checks if c["what"] in names and not c["free"]]
+    factors = [f["ln_f"] for c in used for f in c["check_factors"]]
     if not factors:
         return None
-    used = [c["what"] for c in checks if c["what"] in names and not c["free"]]
     return {"sd": float(np.sqrt(np.mean(np.square(factors)))), "runs": len(factors),
-            "checks": used}
+            "checks": [c["what"] for c in used]}
 
 
 def _map(fn: Any, plans: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
@@ -271,9 +270,11 @@ def held_out_checks(runs: list[Run], fmin: float, draws: int = 20,
     plans = [p for p in every if not only or p["what"] in only]
     jobs = jobs or os.cpu_count() or 1
     banded = [p for p in plans if p.get("held_out_band")]
-    sources = [p for p in every if p["what"] in split.BAND_FROM_CHECKS] if banded else []
     first = [p for p in plans if not p.get("held_out_band")]
-    first += [p for p in sources if p not in first]
+    if banded:  # the checks their band comes from, scored even where not asked for
+        asked = {p["what"] for p in first}
+        first += [p for p in every if p["what"] in split.BAND_FROM_CHECKS
+                  and p["what"] not in asked]
     run = functools.partial(_run_check, fmin=fmin, draws=draws, fixed=fixed)
     done = _map(run, first, jobs)
     spread = held_out_spread(done) if banded else None

@@ -250,18 +250,20 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             if draws else np.empty((0, len(scaling.PARAMS))))
     spread = progress_sd(f["x"], fit_set)
     thetas_ls, shift_ls = draws_with_noise(f["x"], boot, f["residual_sd"], samples, seed)
-    thetas, shift = scaling.spread_draws(thetas_ls, shift_ls,
-                                         spread if band_sd is None else band_sd, [seed, 0xC1])
-    # the same draws of the fit runs' spread, reported beside a band of another spread
-    thetas_fs, shift_fs = scaling.spread_draws(thetas_ls, shift_ls, spread, [seed, 0xC1])
+    # the bands a row is scored in, by key suffix: the judged one, the loss shift's, and the
+    # fit runs' spread's beside a band of another spread (the same draws, another sd)
+    spreads = {"": spread if band_sd is None else band_sd}
+    if band_sd is not None:
+        spreads["_fit_spread"] = spread
     if targets is None:
         loss_init = float(np.mean([r.eval_loss[0] for r in fit_set]))
         targets = split_targets(loss_init, min(r.final_loss for r in fit_set))
     shapes = list(dict.fromkeys(r.shape for r in check_set))
     point = scaling.loss_curves_many(f["x"], shapes)
-    band = scaling.loss_curves_many(thetas, shapes)
-    band_ls = scaling.loss_curves_many(thetas_ls, shapes)
-    band_fs = scaling.loss_curves_many(thetas_fs, shapes) if band_sd is not None else None
+    bands = {"_loss_shift": (scaling.loss_curves_many(thetas_ls, shapes), shift_ls)}
+    for suffix, sd in spreads.items():
+        thetas, shift = scaling.spread_draws(thetas_ls, shift_ls, sd, [seed, 0xC1])
+        bands[suffix] = (scaling.loss_curves_many(thetas, shapes), shift)
 
     def quantiles(curves: np.ndarray, at: np.ndarray, tgt: float) -> tuple[float, float]:
         lo, hi = np.quantile([crossing(at, row, tgt) for row in curves[:, at]], BAND,
@@ -287,21 +289,15 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
                                   "error_at_least": float(pred / at[-1] - 1)})
             if not math.isfinite(meas) or meas <= 0:
                 continue
-            lo, hi = quantiles(band[j] + shift, at, tgt)
-            lo_ls, hi_ls = quantiles(band_ls[j] + shift_ls, at, tgt)
             pred_v = pred if math.isfinite(pred) else float(at[-1])  # at least this late
             row = {"key": r.key, "source": r.source, "seed": r.seed,
                    "target_loss": round(tgt, 4), "measured_steps": round(meas, 2),
                    "predicted_steps": round(pred, 2) if math.isfinite(pred) else None,
-                   "band": [finite(lo), finite(hi)],
-                   "inside": bool(lo <= meas <= hi),
-                   "band_loss_shift": [finite(lo_ls), finite(hi_ls)],
-                   "inside_loss_shift": bool(lo_ls <= meas <= hi_ls),
                    "error": pred_v / meas - 1}
-            if band_fs is not None:
-                lo_fs, hi_fs = quantiles(band_fs[j] + shift_fs, at, tgt)
-                row |= {"band_fit_spread": [finite(lo_fs), finite(hi_fs)],
-                        "inside_fit_spread": bool(lo_fs <= meas <= hi_fs)}
+            for suffix, (curves, shift) in bands.items():
+                lo, hi = quantiles(curves[j] + shift, at, tgt)
+                row |= {f"band{suffix}": [finite(lo), finite(hi)],
+                        f"inside{suffix}": bool(lo <= meas <= hi)}
             rows.append(row)
     factors = progress_factors(f["x"], check_set) if check_set else np.empty(0)
     errs = [abs(row["error"]) for row in rows]
@@ -311,17 +307,12 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             "targets": [round(t, 4) for t in shown],
             "median_abs_error": median(errs) if errs else None,
             "worst_abs_error": max(errs) if errs else None,
-            "inside_band": (sum(r["inside"] for r in rows) / len(rows)) if rows else None,
-            # a band open above (its p90 never reaches the target) counted as outside
-            "inside_closed_band": _closed(rows, ""),
-            "inside_band_loss_shift": (sum(r["inside_loss_shift"] for r in rows) / len(rows)
-                                       if rows else None),
-            "inside_closed_band_loss_shift": _closed(rows, "_loss_shift"),
+            # per band: the share inside, and (closed) with a band open above (its p90 never
+            # reaches the target) counted as outside
+            **{f"inside{kind}band{suffix}": _share(rows, suffix, closed=kind == "_closed_")
+               for suffix in bands for kind in ("_", "_closed_")},
             "progress_sd": spread,
-            "band_sd": spread if band_sd is None else band_sd,
-            **({"inside_band_fit_spread": sum(r["inside_fit_spread"] for r in rows) / len(rows),
-                "inside_closed_band_fit_spread": _closed(rows, "_fit_spread")}
-               if band_sd is not None and rows else {}),
+            "band_sd": spreads[""],
             "check_factors": [{"key": r.key, "source": r.source, "seed": r.seed,
                                "ln_f": round(float(v), 4)} for r, v in zip(check_set, factors,
                                                                             strict=True)],
@@ -336,10 +327,11 @@ def check(fit_set: list[Run], check_set: list[Run], *, floor_min: float = 0.0,
             "rows": rows, "unreached_rows": unreached}
 
 
-def _closed(rows: list[dict[str, Any]], band: str) -> float | None:
-    """The share of rows inside their band with bands open above (p90 never reaches the
-    target) counted as outside; `band`: "", "_loss_shift" or "_fit_spread"."""
+def _share(rows: list[dict[str, Any]], band: str, closed: bool) -> float | None:
+    """The share of rows inside their band (`band`: the key suffix, "", "_loss_shift" or
+    "_fit_spread"); `closed`: a band open above (p90 never reaches the target) counted as
+    outside. None without rows."""
     if not rows:
         return None
-    inside = "inside" + band
-    return sum(r[inside] and r["band" + band][1] is not None for r in rows) / len(rows)
+    return sum(r["inside" + band] and (not closed or r["band" + band][1] is not None)
+               for r in rows) / len(rows)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..spec import Scenario, SpecError
 from . import scaling
-from .profile import ScalingParams, parse
+from .profile import ProfileV2, ScalingParams, parse
 from .runs import Shape, crossing
 
 QUANTILES = (0.1, 0.5, 0.9)
@@ -34,6 +34,17 @@ DATA_CONSTANTS = {
 }
 RULE = ("a federated run reaches the target at the step where the groups' mean model does; "
         "off a FedAvg round it pays one extra FedAvg to make that model")
+
+
+def band_text(prof: ProfileV2, samples: int) -> str:
+    """How a profile's band is drawn, for the output."""
+    draws = f"p10..p90 of {samples} parameter draws (bootstrap refits, or the fit's covariance)"
+    if not prof.progress_sd:
+        return f"{draws} plus its residual spread"
+    spread = (f"the spread {prof.progress_sd_from} met" if prof.progress_sd_from
+              else "the fit runs' spread")
+    return f"{draws}, each run's progress scaled by a draw of {spread} (ln f sd " \
+           f"{prof.progress_sd:.3g})"
 
 
 def non_embedding_params(scn: Scenario) -> float:
@@ -214,13 +225,7 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
         "loss_init": loss_init, "loss_floor": float(floor),
         "profile_source": prof.source,
         "first_to_target": first,
-        "band": (f"p10..p90 of {samples} parameter draws (bootstrap refits, or the fit's "
-                 "covariance), each run's progress scaled by a draw of "
-                 + (f"the spread {prof.progress_sd_from} met" if prof.progress_sd_from
-                    else "the fit runs' spread")
-                 + f" (ln f sd {prof.progress_sd:.3g})" if prof.progress_sd else
-                 f"p10..p90 of {samples} parameter draws (bootstrap refits, or the fit's "
-                 "covariance) plus its residual spread"),
+        "band": band_text(prof, samples),
         "rule": RULE,
         "inputs": {"non_embedding_params": n_params, "lr": t.lr, "steps": t.steps,
                    "warmup_steps": t.warmup_steps, "schedule": t.lr_schedule},
