@@ -46,6 +46,7 @@ class Hardware:
     # fabric shared with other jobs: (nodes, share of the quiet inter-node bandwidth) knots,
     # sorted by nodes
     shared_bandwidth: tuple[tuple[float, float], ...] = ()
+    loaded_step_us: float = 0.0  # fabric.loaded_step_us
 
     @classmethod
     def from_spec(cls, cluster: ClusterSpec, runtime: RuntimeSpec) -> Hardware:
@@ -79,6 +80,7 @@ class Hardware:
             node_cores=cluster.node_cores(),
             sms=n.gpu.sms,
             shared_bandwidth=tuple(sorted((float(a), float(b)) for a, b in f.shared_bandwidth)),
+            loaded_step_us=f.loaded_step_us,
         )
 
     @property

@@ -196,9 +196,25 @@ class NcclModel:
         in listing order."""
         return min(self.candidates(op, nbytes, n, nodes), key=lambda ch: ch.time_s)
 
+    def loaded_steps(self, ch: Choice, op: str, nodes: int) -> float:
+        """The network steps of a chosen algorithm that pay the fabric's loaded-step latency
+        (fabric.loaded_step_us): a ring's inter-node hops (n - 1 over n nodes, all-reduce
+        2(n - 1)); tree, PAT and NVLS across nodes their 2 log2 n."""
+        lnodes = nodes if self.latency_growth else min(nodes, 2)
+        if lnodes <= 1:
+            return 0.0
+        if ch.algorithm == "ring":
+            return 2.0 * (lnodes - 1) if op == "all_reduce" else float(lnodes - 1)
+        return 2.0 * math.log2(lnodes)
+
     def best(self, op: str, nbytes: float, n: int, nodes: int) -> Choice:
-        """NCCL's pick, its bandwidth scaled by the calibrated efficiency curve if any."""
+        """NCCL's pick, its bandwidth scaled by the calibrated efficiency curve if any, plus
+        the fabric's loaded-step latency (which NCCL's pick does not know)."""
         ch = self.nccl_choice(op, nbytes, n, nodes)
+        extra = self.hw.loaded_step_us * 1e-6 * self.loaded_steps(ch, op, nodes) if n > 1 else 0.0
+        if extra:
+            ch = Choice(ch.algorithm, ch.protocol, ch.time_s + extra, ch.latency_s + extra,
+                        ch.algbw_Bps)
         if not self.bw_curve or n < 2:
             return ch
         f = curve_factor(self.bw_curve, op, f"{ch.algorithm}/{ch.protocol}",

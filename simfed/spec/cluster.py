@@ -87,6 +87,12 @@ class FabricSpec:
         "and held beyond the first and last knot (measured as the ratio of NCCL all-reduce "
         "bandwidth on the default InfiniBand service level to a quiet one); empty: a fabric "
         "the job has to itself")
+    loaded_step_us: float = param(
+        0.0, ge=0, doc="model nccl: latency each network step of a collective adds beyond NCCL's "
+        "tuning model on this fabric under a training job's load (congestion, adaptive routing, "
+        "proxy progress), paid per inter-node step of the algorithm NCCL picked (a ring over n "
+        "nodes: n - 1, all-reduce 2(n - 1); a tree: 2 log2 n); NCCL picks without it. Fitted "
+        "from a cluster's published scale studies (0: NCCL's model as is)")
 
 
 @dataclass(frozen=True, kw_only=True)
