@@ -220,3 +220,49 @@ def test_shared_fabric_rows_are_sourced_and_the_mechanism_earns_its_place_on_the
     s = shared_fabric.summary(rows)
     assert s["shared_rows_off"] > 0.25 and s["shared_rows_on"] < 0.10
     assert s["quiet_rows"] < 0.10
+
+
+def test_loaded_step_latency_is_paid_per_network_step_of_the_algorithm_nccl_picked():
+    """fabric.loaded_step_us: a ring all-gather over n nodes pays it n - 1 times, a ring
+    all-reduce 2(n - 1), a tree 2 log2 n; NCCL's pick is made without it; inside a node and at
+    0 nothing changes."""
+    us = 100.0
+    for algos, op, nodes, steps in ((("ring",), "all_gather", 16, 15),
+                                    (("ring",), "all_reduce", 16, 30),
+                                    (("tree",), "all_reduce", 16, 2 * math.log2(16))):
+        quiet = NcclModel(hw=_hw(), algorithms=algos)
+        loaded = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": us}), algorithms=algos)
+        q, lo = quiet.best(op, 2**24, 8 * nodes, nodes), loaded.best(op, 2**24, 8 * nodes, nodes)
+        assert (lo.algorithm, lo.protocol) == (q.algorithm, q.protocol)
+        assert lo.time_s - q.time_s == pytest.approx(steps * us * 1e-6)
+        assert lo.latency_s - q.latency_s == pytest.approx(steps * us * 1e-6)
+    inside = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": us}))
+    base = NcclModel(hw=_hw())
+    assert inside.best("all_gather", 2**24, 8, 1).time_s == base.best("all_gather", 2**24, 8, 1).time_s
+    # the choice is NCCL's own: the same (algorithm, protocol) with or without the load
+    m, m0 = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": 1e4})), NcclModel(hw=_hw())
+    a, b = m.best("all_reduce", 2**26, 512, 64), m0.best("all_reduce", 2**26, 512, 64)
+    assert (a.algorithm, a.protocol) == (b.algorithm, b.protocol) and a.time_s > b.time_s
+
+
+def test_loaded_steps_hit_full_sharding_over_many_nodes_harder_than_hybrid():
+    """The mechanism's point on a published pair (Modalities 2.7B, micro-batch 2, Leonardo;
+    published losses from 8 to 256 GPUs 49% FULL_SHARD, 16% HYBRID_SHARD): FULL_SHARD's rings
+    over every node lose more per GPU with the fitted loaded-step latency than without, and
+    more than HYBRID_SHARD, whose cross-node all-reduce NCCL runs as a tree at 64 nodes."""
+    from simfed.calibration.published import DEFAULT_DIR
+    from simfed.engine.run import simulate
+
+    def tps(name, nodes, us=None):
+        sets = {"cluster.nodes": nodes, "training.micro_batch": 2}
+        if us is not None:
+            sets["cluster.fabric.loaded_step_us"] = us
+        scn = load_scenario(DEFAULT_DIR / name, sets)
+        out, _ = simulate(scn, algorithms=[scn.algorithms[0].name])
+        return out["algorithms"][0]["tokens_per_s_per_gpu"]
+
+    full, hybrid = "scale-modalities-leonardo-2.7b.yaml", "scale-modalities-leonardo-2.7b-hybrid.yaml"
+    loss = {k: 1 - tps(f, 64, us) / tps(f, 2, us)
+            for k, f, us in (("full", full, None), ("full0", full, 0.0), ("hybrid", hybrid, None))}
+    assert loss["full"] > loss["full0"] + 0.3  # about 5% without the term
+    assert loss["full"] > loss["hybrid"] + 0.3
