@@ -238,7 +238,8 @@ def test_loaded_step_latency_is_paid_per_network_step_of_the_algorithm_nccl_pick
         assert lo.latency_s - q.latency_s == pytest.approx(steps * us * 1e-6)
     inside = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": us}))
     base = NcclModel(hw=_hw())
-    assert inside.best("all_gather", 2**24, 8, 1).time_s == base.best("all_gather", 2**24, 8, 1).time_s
+    one_node = ("all_gather", 2**24, 8, 1)
+    assert inside.best(*one_node).time_s == base.best(*one_node).time_s
     # the choice is NCCL's own: the same (algorithm, protocol) with or without the load
     m, m0 = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": 1e4})), NcclModel(hw=_hw())
     a, b = m.best("all_reduce", 2**26, 512, 64), m0.best("all_reduce", 2**26, 512, 64)
@@ -261,7 +262,8 @@ def test_loaded_steps_hit_full_sharding_over_many_nodes_harder_than_hybrid():
         out, _ = simulate(scn, algorithms=[scn.algorithms[0].name])
         return out["algorithms"][0]["tokens_per_s_per_gpu"]
 
-    full, hybrid = "scale-modalities-leonardo-2.7b.yaml", "scale-modalities-leonardo-2.7b-hybrid.yaml"
+    full = "scale-modalities-leonardo-2.7b.yaml"
+    hybrid = "scale-modalities-leonardo-2.7b-hybrid.yaml"
     loss = {k: 1 - tps(f, 64, us) / tps(f, 2, us)
             for k, f, us in (("full", full, None), ("full0", full, 0.0), ("hybrid", hybrid, None))}
     assert loss["full"] > loss["full0"] + 0.3  # about 5% without the term

@@ -1,0 +1,94 @@
+"""Fit `cluster.fabric.loaded_step_us` for one machine from published scale studies (the fit set).
+
+`python -m simfed.calibration.loaded_step MACHINE [--grid 0,25,...] [--set fit|check]` predicts
+every case of validation/published/cases.yaml whose study is named `modalities-<MACHINE>-...` and
+lies in the given set (default: fit) at each grid value, and prints per value the scale-curve
+error: for every GPU count of a study but its smallest, (predicted / predicted at the smallest
+count) / (published / published at the smallest count) - 1. The chosen value has the smallest
+mean |scale-curve error| (ties: the smaller median, then the smaller value). The curve, not the
+absolute error, is the criterion: the term is a scale loss, and the level of each study is the
+compute model's.
+
+The shipped values (docs/accuracy.md, "Fourth check") came from this rule on the fit set:
+Leonardo on the 25 us grid 0-400, MareNostrum 5 on the 12.5 us grid 0-100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .published import DEFAULT_DIR, load_cases, predict_case
+
+KEY = "cluster.fabric.loaded_step_us"
+GRIDS = {"leonardo": tuple(25.0 * i for i in range(17)),
+         "mn5": tuple(12.5 * i for i in range(9))}
+
+
+@dataclass(frozen=True)
+class Point:
+    value_us: float
+    mean_abs: float
+    median_abs: float
+    worst_abs: float
+    points: int
+
+
+def study_cases(machine: str, which: str = "fit", folder: Path = DEFAULT_DIR
+                ) -> dict[str, list[dict[str, Any]]]:
+    """The machine's scale studies in one set, their cases sorted by GPU count."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for c in load_cases(folder):
+        if c["set"] == which and (c.get("study") or "").startswith(f"modalities-{machine}-"):
+            by.setdefault(c["study"], []).append(c)
+    if not by:
+        raise ValueError(f"no {which} scale study named modalities-{machine}-* in "
+                         f"{folder / 'cases.yaml'}")
+    return {s: sorted(cs, key=lambda c: c["gpus"]) for s, cs in by.items()}
+
+
+def curve_errors(studies: dict[str, list[dict[str, Any]]], value_us: float,
+                 folder: Path = DEFAULT_DIR) -> list[float]:
+    """Every non-base point's scale-curve error at one value of the term."""
+    out = []
+    for cases in studies.values():
+        rows = [predict_case(folder, c, {KEY: value_us}) for c in cases]
+        base = rows[0]
+        out += [(r["predicted"] / base["predicted"]) / (r["published"] / base["published"]) - 1
+                for r in rows[1:]]
+    return out
+
+
+def scan(machine: str, grid: tuple[float, ...] | None = None, which: str = "fit",
+         folder: Path = DEFAULT_DIR) -> tuple[list[Point], Point]:
+    """Each grid value's scale-curve error over the machine's studies, and the chosen one."""
+    studies = study_cases(machine, which, folder)
+    pts = []
+    for v in grid or GRIDS[machine]:
+        a = [abs(e) for e in curve_errors(studies, v, folder)]
+        pts.append(Point(v, statistics.mean(a), statistics.median(a), max(a), len(a)))
+    best = min(pts, key=lambda p: (round(p.mean_abs, 3), round(p.median_abs, 3), p.value_us))
+    return pts, best
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m simfed.calibration.loaded_step",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("machine", choices=sorted(GRIDS))
+    ap.add_argument("--grid", help="comma-separated values in us (default: the machine's)")
+    ap.add_argument("--set", dest="which", choices=("fit", "check"), default="fit")
+    a = ap.parse_args(argv)
+    grid = tuple(float(x) for x in a.grid.split(",")) if a.grid else None
+    pts, best = scan(a.machine, grid, a.which)
+    for p in pts:
+        print(f"{p.value_us:7.1f} us: mean |scale-curve error| {100 * p.mean_abs:5.1f}%, "
+              f"median {100 * p.median_abs:5.1f}%, worst {100 * p.worst_abs:5.1f}% "
+              f"over {p.points} points")
+    print(f"chosen: {best.value_us:g} us")
+
+
+if __name__ == "__main__":
+    main()
