@@ -43,7 +43,7 @@ def test_the_term_bends_the_curves_the_fit_studies_show():
 def test_a_machine_without_studies_in_the_set_is_one_line():
     with pytest.raises(ValueError) as exc:
         study_cases("nowhere")
-    assert "\n" not in str(exc.value) and "modalities-nowhere-*" in str(exc.value)
+    assert "\n" not in str(exc.value) and "named nowhere*" in str(exc.value)
 
 
 def test_the_rule_reads_only_its_set():
@@ -51,3 +51,25 @@ def test_the_rule_reads_only_its_set():
     assert fit and check and not set(fit) & set(check)
     assert all(c["set"] == "fit" for cs in fit.values() for c in cs)
     assert KEY == "cluster.fabric.loaded_step_us"
+
+
+@pytest.mark.parametrize("grid", ["fast", "10,-5"])
+def test_a_bad_grid_is_one_line_not_a_traceback(grid, capsys):
+    from simfed.calibration.loaded_step import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["leonardo", "--grid", grid])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_a_missing_folder_is_one_line(tmp_path, capsys):
+    from simfed.calibration.loaded_step import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["leonardo", "--folder", str(tmp_path / "none")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "error:" in err.strip().splitlines()[-1] and "cases.yaml" in err.strip().splitlines()[-1]

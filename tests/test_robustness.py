@@ -29,12 +29,21 @@ def test_the_sizes_come_from_the_published_validation(sizes):
     # (docs/collectives.md: every such row over-predicted), and off by ~11% across nodes
     assert 1.2 < sizes["nvlink"] < 1.6
     assert 0.05 < sizes["network"] < 0.2
+    # the loaded-step latencies fitted per machine (the Modalities scale studies' scenarios)
+    from simfed.analysis.robustness import fitted_loaded_steps
+    fitted = set(fitted_loaded_steps().values())
+    assert (sizes["loaded_step_min"], sizes["loaded_step_max"]) == (min(fitted), max(fitted))
+    assert len(fitted) >= 2
 
 
 def test_the_paper_scenario_gets_every_perturbation(sizes):
     scn = load_scenario(SCENARIOS / "512gpu.yaml")
     ps = {p.name: p for p in perturbations(scn, sizes)}
-    assert len(ps) == 8, list(ps)  # compute x2, NVLink, network x2, GPU variation, checks x2
+    # compute x2, NVLink, network x2, loaded network steps x2, GPU variation, checks x2
+    assert len(ps) == 10, list(ps)
+    loaded = [p.overrides["cluster.fabric.loaded_step_us"] for p in ps.values()
+              if "cluster.fabric.loaded_step_us" in p.overrides]
+    assert loaded == [sizes["loaded_step_min"], sizes["loaded_step_max"]]
     slower = ps[f"compute {100 * sizes['compute']:.0f}% slower"].overrides
     assert slower["runtime.compute.gemm_efficiency"] == pytest.approx(
         scn.runtime.compute.gemm_efficiency / (1 + sizes["compute"]))
@@ -52,8 +61,13 @@ def test_the_paper_scenario_gets_every_perturbation(sizes):
 def test_one_node_without_debug_checks_gets_no_network_or_host_case(sizes):
     scn = load_scenario(SCENARIOS / "h100-8b-float8.yaml")
     names = [p.name for p in perturbations(scn, sizes)]
-    assert not any(n.startswith(("inter-node", "debug-check")) for n in names)
+    assert not any(n.startswith(("inter-node", "debug-check", "network steps")) for n in names)
     assert any(n.startswith("NVLink") for n in names)
+
+
+def test_a_fabric_with_its_own_loaded_step_gets_no_loaded_step_case(sizes):
+    scn = load_scenario(SCENARIOS / "512gpu.yaml", {"cluster.fabric.loaded_step_us": 100})
+    assert not any(p.name.startswith("network steps") for p in perturbations(scn, sizes))
 
 
 def _run(tmp_path, scenario, *args):

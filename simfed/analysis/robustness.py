@@ -6,7 +6,9 @@ runs' errors lie within (validation/published/cases.yaml claims, from the check 
 collectives inside a node by how much faster than published nccl-tests tables NCCL's model is
 from 1 to 64 MiB, the inter-node network by
 the published multi-node tables' median error (validation/published/collectives.yaml, as
-`simfed validate --published` compares them), GPU-to-GPU variation (Sinha et al., SC22) where the
+`simfed validate --published` compares them), the latency per network step under a training
+job's load at the least and the most any machine's published scale studies were fitted with
+(where the scenario's fabric has none), GPU-to-GPU variation (Sinha et al., SC22) where the
 scenario has none, and the host's debug-check costs halved and doubled where they are on (their
 constants are estimates). Each perturbation moves every algorithm of the scenario at once; the
 report gives each one's step time and speedup and which algorithm wins (first to the target
@@ -62,7 +64,21 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, float]:
             out["nvlink"] = statistics.median(mid)
         if multi:
             out["network"] = statistics.median(multi)
+    loaded = fitted_loaded_steps(folder)
+    if loaded:
+        out["loaded_step_min"], out["loaded_step_max"] = min(loaded.values()), max(loaded.values())
     return out
+
+
+def fitted_loaded_steps(folder: Path = DEFAULT_DIR) -> dict[str, float]:
+    """The loaded-step latency (cluster.fabric.loaded_step_us) fitted for each machine of the
+    published scale studies: {scenario file: value} for every study scenario that sets one."""
+    from ..calibration.published import load_cases
+    from ..spec import load_scenario
+
+    files = sorted({c["scenario"] for c in load_cases(folder) if c.get("study")})
+    found = {f: load_scenario(folder / f, {}).cluster.fabric.loaded_step_us for f in files}
+    return {f: v for f, v in found.items() if v > 0}
 
 
 def _scaled(value: float, factor: float) -> float:
@@ -104,6 +120,16 @@ def perturbations(scn: Scenario, sizes: dict[str, float]) -> list[Perturbation]:
                     f"inter-node network {100 * change:.0f}% {word}",
                     src + (f" ({100 * e:.0f}%), capped at the line rate" if eff == 1.0 else ""),
                     {"runtime.comm.nic_efficiency": eff}))
+    fabric = scn.cluster.fabric
+    if ("loaded_step_max" in sizes and scn.cluster.nodes > 1 and comm.model == "nccl"
+            and fabric.loaded_step_us == 0):
+        for key, word in (("loaded_step_min", "least"), ("loaded_step_max", "most")):
+            us = sizes[key]
+            out.append(Perturbation(
+                f"network steps +{us:g} us under load",
+                f"the {word} any machine's published scale studies were fitted with "
+                "(cluster.fabric.loaded_step_us, docs/accuracy.md)",
+                {"cluster.fabric.loaded_step_us": us}))
     if c.gpu_variation == 0 and scn.cluster.world > 1:
         out.append(Perturbation(f"GPU-to-GPU variation {100 * GPU_VARIATION:.1f}%",
                                 "Sinha et al. SC22 (off in the shipped profiles)",

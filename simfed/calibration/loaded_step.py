@@ -1,13 +1,15 @@
-"""Fit `cluster.fabric.loaded_step_us` for one machine from published scale studies (the fit set).
+"""Fit `cluster.fabric.loaded_step_us` for one machine from its scale studies (the fit set).
 
-`python -m simfed.calibration.loaded_step MACHINE [--grid 0,25,...] [--set fit|check]` predicts
-every case of validation/published/cases.yaml whose study is named `modalities-<MACHINE>-...` and
-lies in the given set (default: fit) at each grid value, and prints per value the scale-curve
-error: for every GPU count of a study but its smallest, (predicted / predicted at the smallest
-count) / (published / published at the smallest count) - 1. The chosen value has the smallest
-mean |scale-curve error| (ties: the smaller median, then the smaller value). The curve, not the
-absolute error, is the criterion: the term is a scale loss, and the level of each study is the
-compute model's.
+`python -m simfed.calibration.loaded_step STUDIES [--folder DIR] [--grid 0,25,...]
+[--set fit|check]` predicts every case of DIR/cases.yaml (default: validation/published; a
+folder of your own scale runs in the same format works alike) whose study name starts with
+STUDIES (`leonardo` and `mn5` stand for the shipped `modalities-leonardo-` and
+`modalities-mn5-`) and lies in the given set (default: fit) at each grid value (default: the
+machine's below, else 0-400 us by 25), and prints per value the scale-curve error: for every GPU
+count of a study but its smallest, (predicted / predicted at the smallest count) / (published /
+published at the smallest count) - 1. The chosen value has the smallest mean |scale-curve
+error| (ties: the smaller median, then the smaller value). The curve, not the absolute error, is
+the criterion: the term is a scale loss, and the level of each study is the compute model's.
 
 The shipped values (docs/accuracy.md, "Fourth check") came from this rule on the fit set:
 Leonardo on the 25 us grid 0-400, MareNostrum 5 on the 12.5 us grid 0-100.
@@ -21,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..spec import SpecError
 from .published import DEFAULT_DIR, load_cases, predict_case
 
 KEY = "cluster.fabric.loaded_step_us"
-GRIDS = {"leonardo": tuple(25.0 * i for i in range(17)),
-         "mn5": tuple(12.5 * i for i in range(9))}
+DEFAULT_GRID = tuple(25.0 * i for i in range(17))
+GRIDS = {"leonardo": DEFAULT_GRID, "mn5": tuple(12.5 * i for i in range(9))}
+ALIASES = {"leonardo": "modalities-leonardo-", "mn5": "modalities-mn5-"}
 
 
 @dataclass(frozen=True)
@@ -39,13 +43,16 @@ class Point:
 
 def study_cases(machine: str, which: str = "fit", folder: Path = DEFAULT_DIR
                 ) -> dict[str, list[dict[str, Any]]]:
-    """The machine's scale studies in one set, their cases sorted by GPU count."""
+    """The scale studies whose name starts with `machine` (or its alias) in one set, their cases
+    sorted by GPU count; a study needs two GPU counts."""
+    prefix = ALIASES.get(machine, machine)
     by: dict[str, list[dict[str, Any]]] = {}
     for c in load_cases(folder):
-        if c["set"] == which and (c.get("study") or "").startswith(f"modalities-{machine}-"):
+        if c["set"] == which and (c.get("study") or "").startswith(prefix):
             by.setdefault(c["study"], []).append(c)
+    by = {s: cs for s, cs in by.items() if len({c["gpus"] for c in cs}) > 1}
     if not by:
-        raise ValueError(f"no {which} scale study named modalities-{machine}-* in "
+        raise ValueError(f"no {which} scale study (two GPU counts or more) named {prefix}* in "
                          f"{folder / 'cases.yaml'}")
     return {s: sorted(cs, key=lambda c: c["gpus"]) for s, cs in by.items()}
 
@@ -67,7 +74,7 @@ def scan(machine: str, grid: tuple[float, ...] | None = None, which: str = "fit"
     """Each grid value's scale-curve error over the machine's studies, and the chosen one."""
     studies = study_cases(machine, which, folder)
     pts = []
-    for v in grid or GRIDS[machine]:
+    for v in grid or GRIDS.get(machine, DEFAULT_GRID):
         a = [abs(e) for e in curve_errors(studies, v, folder)]
         pts.append(Point(v, statistics.mean(a), statistics.median(a), max(a), len(a)))
     best = min(pts, key=lambda p: (round(p.mean_abs, 3), round(p.median_abs, 3), p.value_us))
@@ -77,12 +84,19 @@ def scan(machine: str, grid: tuple[float, ...] | None = None, which: str = "fit"
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m simfed.calibration.loaded_step",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("machine", choices=sorted(GRIDS))
+    ap.add_argument("studies", help="a study-name prefix, or leonardo / mn5 (the shipped ones)")
+    ap.add_argument("--folder", type=Path, default=DEFAULT_DIR,
+                    help="a folder with cases.yaml (default: validation/published)")
     ap.add_argument("--grid", help="comma-separated values in us (default: the machine's)")
     ap.add_argument("--set", dest="which", choices=("fit", "check"), default="fit")
     a = ap.parse_args(argv)
-    grid = tuple(float(x) for x in a.grid.split(",")) if a.grid else None
-    pts, best = scan(a.machine, grid, a.which)
+    try:
+        grid = tuple(float(x) for x in a.grid.split(",")) if a.grid else None
+        if grid is not None and any(v < 0 for v in grid):
+            raise ValueError(f"--grid: values must be >= 0 us, got {a.grid}")
+        pts, best = scan(a.studies, grid, a.which, a.folder)
+    except (ValueError, SpecError) as e:
+        ap.error(str(e).splitlines()[0])
     for p in pts:
         print(f"{p.value_us:7.1f} us: mean |scale-curve error| {100 * p.mean_abs:5.1f}%, "
               f"median {100 * p.median_abs:5.1f}%, worst {100 * p.worst_abs:5.1f}% "
