@@ -81,6 +81,14 @@ class Choice:
         return self.algbw_Bps * bus_factor(op, n)
 
 
+def _ring_inter_steps(op: str, nodes: int) -> int:
+    """A ring's inter-node steps over `nodes` nodes (tuning.cc's nInterSteps): all-reduce
+    2(n - 1), the others n - 1; none inside a node."""
+    if nodes <= 1:
+        return 0
+    return 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+
+
 def bus_factor(op: str, n: int) -> float:
     """nccl-tests: busbw = algbw x factor (PERFORMANCE.md)."""
     if n < 2:
@@ -125,9 +133,10 @@ class NcclModel:
         ring_bw = self.ring_busbw_Bps(q, nodes)
         ar = op == "all_reduce"
         # the ranks and nodes the latency terms count (all of them, or two nodes' worth)
-        ln, lnodes = (n, nodes) if self.latency_growth else (q * min(nodes, 2), min(nodes, 2))
+        lnodes = self._latency_nodes(nodes)
+        ln = n if self.latency_growth else q * lnodes
         nsteps = 2 * (ln - 1) if ar else ln - 1
-        n_inter = 0 if lnodes <= 1 else (2 * (lnodes - 1) if ar else lnodes - 1)
+        n_inter = _ring_inter_steps(op, lnodes)
         ll_max = arch["ll_max_bw_GBps"] * 1e9
         if gpu_arch(self.hw.gpu_name) == "hopper" and "ll_max_bw_hopper_GBps" in c:
             ll_max = c["ll_max_bw_hopper_GBps"] * 1e9
@@ -200,12 +209,17 @@ class NcclModel:
         """The network steps of a chosen algorithm that pay the fabric's loaded-step latency
         (fabric.loaded_step_us): a ring's inter-node hops (n - 1 over n nodes, all-reduce
         2(n - 1)); tree, PAT and NVLS across nodes their 2 log2 n."""
-        lnodes = nodes if self.latency_growth else min(nodes, 2)
+        lnodes = self._latency_nodes(nodes)
         if lnodes <= 1:
             return 0.0
         if ch.algorithm == "ring":
-            return 2.0 * (lnodes - 1) if op == "all_reduce" else float(lnodes - 1)
+            return float(_ring_inter_steps(op, lnodes))
         return 2.0 * math.log2(lnodes)
+
+    def _latency_nodes(self, nodes: int) -> int:
+        """The nodes the latency terms count: all of them, or two nodes' worth where
+        runtime.comm.latency_growth is off."""
+        return nodes if self.latency_growth else min(nodes, 2)
 
     def best(self, op: str, nbytes: float, n: int, nodes: int) -> Choice:
         """NCCL's pick, its bandwidth scaled by the calibrated efficiency curve if any, plus
