@@ -18,9 +18,9 @@ def _shipped(scenario: str) -> float:
 @pytest.mark.parametrize("machine, scenarios, grid", [
     ("leonardo", ("scale-modalities-leonardo-2.7b.yaml", "scale-modalities-leonardo-6.7b.yaml",
                   "scale-modalities-leonardo-2.7b-hybrid.yaml",
-                  "scale-modalities-leonardo-6.7b-hybrid.yaml"), (250.0, 275.0, 300.0)),
+                  "scale-modalities-leonardo-6.7b-hybrid.yaml"), (62.5, 68.75, 75.0)),
     ("mn5", ("scale-modalities-mn5-2.7b.yaml", "scale-modalities-mn5-6.7b-hybrid.yaml"),
-     (12.5, 25.0, 37.5)),
+     (3.125, 6.25, 9.375)),
 ])
 def test_the_shipped_value_is_the_fit_rules_choice(machine, scenarios, grid):
     pts, best = scan(machine, grid)

@@ -223,12 +223,12 @@ def test_shared_fabric_rows_are_sourced_and_the_mechanism_earns_its_place_on_the
 
 
 def test_loaded_step_latency_is_paid_per_network_step_of_the_algorithm_nccl_picked():
-    """fabric.loaded_step_us: a ring all-gather over n nodes pays it n - 1 times, a ring
-    all-reduce 2(n - 1), a tree 2 log2 n; NCCL's pick is made without it; inside a node and at
-    0 nothing changes."""
+    """fabric.loaded_step_us: a ring all-gather over n ranks pays it n - 1 times (every step of
+    the ring, not only its inter-node hops), a ring all-reduce 2(n - 1), a tree over n nodes
+    2 log2 n; NCCL's pick is made without it; inside a node and at 0 nothing changes."""
     us = 100.0
-    for algos, op, nodes, steps in ((("ring",), "all_gather", 16, 15),
-                                    (("ring",), "all_reduce", 16, 30),
+    for algos, op, nodes, steps in ((("ring",), "all_gather", 16, 127),
+                                    (("ring",), "all_reduce", 16, 254),
                                     (("tree",), "all_reduce", 16, 2 * math.log2(16))):
         quiet = NcclModel(hw=_hw(), algorithms=algos)
         loaded = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": us}), algorithms=algos)
@@ -236,6 +236,12 @@ def test_loaded_step_latency_is_paid_per_network_step_of_the_algorithm_nccl_pick
         assert (lo.algorithm, lo.protocol) == (q.algorithm, q.protocol)
         assert lo.time_s - q.time_s == pytest.approx(steps * us * 1e-6)
         assert lo.latency_s - q.latency_s == pytest.approx(steps * us * 1e-6)
+    # one rank per node (HYBRID_SHARD's cross-node all-reduce): 2(n - 1) over its n ranks,
+    # an eighth of what a ring over all 8 GPUs of the same 16 nodes pays
+    ring = dict(algorithms=("ring",))
+    q, lo = (NcclModel(hw=_hw(**sets), **ring).best("all_reduce", 2**24, 16, 16)
+             for sets in ({}, {"cluster.fabric.loaded_step_us": us}))
+    assert lo.time_s - q.time_s == pytest.approx(30 * us * 1e-6)
     inside = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": us}))
     base = NcclModel(hw=_hw())
     one_node = ("all_gather", 2**24, 8, 1)

@@ -27,8 +27,8 @@ from ..spec import SpecError
 from .published import DEFAULT_DIR, load_cases, predict_case
 
 KEY = "cluster.fabric.loaded_step_us"
-DEFAULT_GRID = tuple(25.0 * i for i in range(17))
-GRIDS = {"leonardo": DEFAULT_GRID, "mn5": tuple(12.5 * i for i in range(9))}
+DEFAULT_GRID = tuple(6.25 * i for i in range(17))
+GRIDS = {"leonardo": DEFAULT_GRID, "mn5": tuple(3.125 * i for i in range(9))}
 ALIASES = {"leonardo": "modalities-leonardo-", "mn5": "modalities-mn5-"}
 
 

@@ -205,15 +205,18 @@ class NcclModel:
         in listing order."""
         return min(self.candidates(op, nbytes, n, nodes), key=lambda ch: ch.time_s)
 
-    def loaded_steps(self, ch: Choice, op: str, nodes: int) -> float:
-        """The network steps of a chosen algorithm that pay the fabric's loaded-step latency
-        (fabric.loaded_step_us): a ring's inter-node hops (n - 1 over n nodes, all-reduce
-        2(n - 1)); tree, PAT and NVLS across nodes their 2 log2 n."""
+    def loaded_steps(self, ch: Choice, op: str, n: int, nodes: int) -> float:
+        """The steps of a chosen algorithm that pay the fabric's loaded-step latency
+        (fabric.loaded_step_us), once a collective crosses nodes: every step of a ring over its
+        n ranks (n - 1, all-reduce 2(n - 1)), since in each step every rank sends to the next
+        at once and the step ends with its slowest, inter-node hop; tree, PAT and NVLS across
+        nodes their 2 log2 n over the n nodes."""
         lnodes = self._latency_nodes(nodes)
-        if lnodes <= 1:
+        if lnodes <= 1 or n < 2:
             return 0.0
         if ch.algorithm == "ring":
-            return float(_ring_inter_steps(op, lnodes))
+            ranks = n if self.latency_growth else max(1, n // max(1, nodes)) * lnodes
+            return float(2 * (ranks - 1) if op == "all_reduce" else ranks - 1)
         return 2.0 * math.log2(lnodes)
 
     def _latency_nodes(self, nodes: int) -> int:
@@ -225,7 +228,7 @@ class NcclModel:
         """NCCL's pick, its bandwidth scaled by the calibrated efficiency curve if any, plus
         the fabric's loaded-step latency (which NCCL's pick does not know)."""
         ch = self.nccl_choice(op, nbytes, n, nodes)
-        extra = self.hw.loaded_step_us * 1e-6 * self.loaded_steps(ch, op, nodes) if n > 1 else 0.0
+        extra = self.hw.loaded_step_us * 1e-6 * self.loaded_steps(ch, op, n, nodes)
         if extra:
             ch = Choice(ch.algorithm, ch.protocol, ch.time_s + extra, ch.latency_s + extra,
                         ch.algbw_Bps)

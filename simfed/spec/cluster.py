@@ -90,8 +90,9 @@ class FabricSpec:
     loaded_step_us: float = param(
         0.0, ge=0, doc="model nccl: latency each network step of a collective adds beyond NCCL's "
         "tuning model on this fabric under a training job's load (congestion, adaptive routing, "
-        "proxy progress), paid per inter-node step of the algorithm NCCL picked (a ring over n "
-        "nodes: n - 1, all-reduce 2(n - 1); a tree: 2 log2 n); NCCL picks without it. Fitted "
+        "proxy progress), paid per step of the algorithm NCCL picked once it crosses nodes (a "
+        "ring over n ranks: n - 1, all-reduce 2(n - 1); a tree over n nodes: 2 log2 n); NCCL "
+        "picks without it. Fitted "
         "from a cluster's published scale studies (0: NCCL's model as is)")
 
 
