@@ -47,6 +47,8 @@ class Hardware:
     # sorted by nodes
     shared_bandwidth: tuple[tuple[float, float], ...] = ()
     loaded_step_us: float = 0.0  # fabric.loaded_step_us
+    nodes_per_island: int = 0  # fabric.nodes_per_island (0: one island)
+    loaded_step_island_us: float = 0.0  # fabric.loaded_step_island_us
 
     @classmethod
     def from_spec(cls, cluster: ClusterSpec, runtime: RuntimeSpec) -> Hardware:
@@ -81,6 +83,8 @@ class Hardware:
             sms=n.gpu.sms,
             shared_bandwidth=tuple(sorted((float(a), float(b)) for a, b in f.shared_bandwidth)),
             loaded_step_us=f.loaded_step_us,
+            nodes_per_island=f.nodes_per_island,
+            loaded_step_island_us=f.loaded_step_island_us,
         )
 
     @property
@@ -109,6 +113,15 @@ class Hardware:
         pts = self.shared_bandwidth
         return float(np.interp(math.log2(nodes), [math.log2(a) for a, _ in pts],
                                [f for _, f in pts]))
+
+    def loaded_step_s(self, nodes: int) -> float:
+        """The latency each step of a collective over `nodes` nodes pays under a training job's
+        load (fabric.loaded_step_us), with the island term once it spans more than one island
+        (fabric.loaded_step_island_us; nodes fill islands in order)."""
+        us = self.loaded_step_us
+        if self.nodes_per_island and nodes > self.nodes_per_island:
+            us += self.loaded_step_island_us
+        return us * 1e-6
 
     def nodes_spanned(self, instances) -> int:
         """The most nodes any of a collective's ring instances spans."""

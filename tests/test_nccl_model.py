@@ -274,3 +274,27 @@ def test_loaded_steps_hit_full_sharding_over_many_nodes_harder_than_hybrid():
             for k, f, us in (("full", full, None), ("full0", full, 0.0), ("hybrid", hybrid, None))}
     assert loss["full"] > loss["full0"] + 0.3  # about 5% without the term
     assert loss["full"] > loss["hybrid"] + 0.3
+
+
+def test_the_island_term_adds_to_each_step_once_a_collective_spans_more_than_one_island():
+    """fabric.loaded_step_island_us: a ring all-gather over 8 nodes of 4-node islands pays
+    loaded_step_us + the island term per step; over the 4 nodes of one island, loaded_step_us
+    alone; the choice is still NCCL's own."""
+    sets = {"cluster.fabric.loaded_step_us": 10.0, "cluster.fabric.nodes_per_island": 4}
+    ring = dict(algorithms=("ring",))
+    base = NcclModel(hw=_hw(**sets), **ring)
+    isl = NcclModel(hw=_hw(**sets, **{"cluster.fabric.loaded_step_island_us": 30.0}), **ring)
+    for nodes, extra_us in ((4, 0.0), (8, 30.0)):
+        n = 8 * nodes
+        a, b = base.best("all_gather", 2**24, n, nodes), isl.best("all_gather", 2**24, n, nodes)
+        assert (a.algorithm, a.protocol) == (b.algorithm, b.protocol)
+        assert b.time_s - a.time_s == pytest.approx((n - 1) * extra_us * 1e-6)
+
+
+def test_an_island_term_without_islands_is_a_one_line_error():
+    from simfed.spec import SpecError
+
+    with pytest.raises(SpecError) as exc:
+        load_scenario(H100, {"cluster.fabric.loaded_step_island_us": 9.0})
+    msg = str(exc.value)
+    assert "\n" not in msg and "nodes_per_island" in msg and "9 us" in msg

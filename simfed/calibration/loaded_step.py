@@ -1,18 +1,21 @@
-"""Fit `cluster.fabric.loaded_step_us` for one machine from its scale studies (the fit set).
+"""Fit `cluster.fabric.loaded_step_us` (or, with `--island`, `loaded_step_island_us`) for one
+machine from its scale studies (the fit set).
 
-`python -m simfed.calibration.loaded_step STUDIES [--folder DIR] [--grid 0,25,...]
+`python -m simfed.calibration.loaded_step STUDIES [--island] [--folder DIR] [--grid 0,25,...]
 [--set fit|check]` predicts every case of DIR/cases.yaml (default: validation/published; a
 folder of your own scale runs in the same format works alike) whose study name starts with
 STUDIES (`leonardo` and `mn5` stand for the shipped `modalities-leonardo-` and
 `modalities-mn5-`) and lies in the given set (default: fit) at each grid value (default: the
-machine's below, else 0-400 us by 25), and prints per value the scale-curve error: for every GPU
+machine's below, else 0-100 us by 6.25; `--island`: 0-25 by 3.125, the other term as the
+scenarios ship it), and prints per value the scale-curve error: for every GPU
 count of a study but its smallest, (predicted / predicted at the smallest count) / (published /
 published at the smallest count) - 1. The chosen value has the smallest mean |scale-curve
 error| (ties: the smaller median, then the smaller value). The curve, not the absolute error, is
 the criterion: the term is a scale loss, and the level of each study is the compute model's.
 
 The shipped values (docs/accuracy.md, "Fourth check") came from this rule on the fit set:
-Leonardo on the 25 us grid 0-400, MareNostrum 5 on the 12.5 us grid 0-100.
+Leonardo on the 6.25 us grid 0-100, MareNostrum 5 on the 3.125 us grid 0-25, and MareNostrum 5's
+island term (its scenarios' other term fixed) on the 3.125 us grid 0-25.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from ..spec import SpecError
 from .published import DEFAULT_DIR, load_cases, predict_case
 
 KEY = "cluster.fabric.loaded_step_us"
+ISLAND_KEY = "cluster.fabric.loaded_step_island_us"
+ISLAND_GRID = tuple(3.125 * i for i in range(9))
 DEFAULT_GRID = tuple(6.25 * i for i in range(17))
 GRIDS = {"leonardo": DEFAULT_GRID, "mn5": tuple(3.125 * i for i in range(9))}
 ALIASES = {"leonardo": "modalities-leonardo-", "mn5": "modalities-mn5-"}
@@ -58,11 +63,11 @@ def study_cases(machine: str, which: str = "fit", folder: Path = DEFAULT_DIR
 
 
 def curve_errors(studies: dict[str, list[dict[str, Any]]], value_us: float,
-                 folder: Path = DEFAULT_DIR) -> list[float]:
-    """Every non-base point's scale-curve error at one value of the term."""
+                 folder: Path = DEFAULT_DIR, key: str = KEY) -> list[float]:
+    """Every non-base point's scale-curve error at one value of the term `key`."""
     out = []
     for cases in studies.values():
-        rows = [predict_case(folder, c, {KEY: value_us}) for c in cases]
+        rows = [predict_case(folder, c, {key: value_us}) for c in cases]
         base = rows[0]
         out += [(r["predicted"] / base["predicted"]) / (r["published"] / base["published"]) - 1
                 for r in rows[1:]]
@@ -70,12 +75,13 @@ def curve_errors(studies: dict[str, list[dict[str, Any]]], value_us: float,
 
 
 def scan(machine: str, grid: tuple[float, ...] | None = None, which: str = "fit",
-         folder: Path = DEFAULT_DIR) -> tuple[list[Point], Point]:
+         folder: Path = DEFAULT_DIR, key: str = KEY) -> tuple[list[Point], Point]:
     """Each grid value's scale-curve error over the machine's studies, and the chosen one."""
     studies = study_cases(machine, which, folder)
     pts = []
-    for v in grid or GRIDS.get(machine, DEFAULT_GRID):
-        a = [abs(e) for e in curve_errors(studies, v, folder)]
+    default = ISLAND_GRID if key == ISLAND_KEY else GRIDS.get(machine, DEFAULT_GRID)
+    for v in grid or default:
+        a = [abs(e) for e in curve_errors(studies, v, folder, key)]
         pts.append(Point(v, statistics.mean(a), statistics.median(a), max(a), len(a)))
     best = min(pts, key=lambda p: (round(p.mean_abs, 3), round(p.median_abs, 3), p.value_us))
     return pts, best
@@ -89,12 +95,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="a folder with cases.yaml (default: validation/published)")
     ap.add_argument("--grid", help="comma-separated values in us (default: the machine's)")
     ap.add_argument("--set", dest="which", choices=("fit", "check"), default="fit")
+    ap.add_argument("--island", action="store_true",
+                    help="fit cluster.fabric.loaded_step_island_us (the latency a collective over "
+                    "more than one island adds per step) instead")
     a = ap.parse_args(argv)
     try:
         grid = tuple(float(x) for x in a.grid.split(",")) if a.grid else None
         if grid is not None and any(v < 0 for v in grid):
             raise ValueError(f"--grid: values must be >= 0 us, got {a.grid}")
-        pts, best = scan(a.studies, grid, a.which, a.folder)
+        pts, best = scan(a.studies, grid, a.which, a.folder,
+                         ISLAND_KEY if a.island else KEY)
     except (ValueError, SpecError) as e:
         ap.error(str(e).splitlines()[0])
     for p in pts:

@@ -226,9 +226,10 @@ class NcclModel:
 
     def best(self, op: str, nbytes: float, n: int, nodes: int) -> Choice:
         """NCCL's pick, its bandwidth scaled by the calibrated efficiency curve if any, plus
-        the fabric's loaded-step latency (which NCCL's pick does not know)."""
+        the fabric's loaded-step latency, island term included (which NCCL's pick does not
+        know)."""
         ch = self.nccl_choice(op, nbytes, n, nodes)
-        extra = self.hw.loaded_step_us * 1e-6 * self.loaded_steps(ch, op, n, nodes)
+        extra = self.hw.loaded_step_s(nodes) * self.loaded_steps(ch, op, n, nodes)
         if extra:
             ch = Choice(ch.algorithm, ch.protocol, ch.time_s + extra, ch.latency_s + extra,
                         ch.algbw_Bps)

@@ -94,6 +94,13 @@ class FabricSpec:
         "ring over n ranks: n - 1, all-reduce 2(n - 1); a tree over n nodes: 2 log2 n); NCCL "
         "picks without it. Fitted "
         "from a cluster's published scale studies (0: NCCL's model as is)")
+    nodes_per_island: int = param(
+        0, ge=0, doc="nodes in one island: the part of the fabric below its top switch layer (a "
+        "three-layer fat tree's pod); 0: the fabric is one island")
+    loaded_step_island_us: float = param(
+        0.0, ge=0, doc="model nccl: latency each step of a collective that spans more than one "
+        "island adds to loaded_step_us (its traffic crosses the shared top layer); needs "
+        "nodes_per_island. Fitted from a cluster's published scale studies")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,6 +66,7 @@ PATH_LIMITS: dict[str, Range] = {
     "cluster.host_cores": Range(None, 1024, "cores of the one host an emulated cluster runs on"),
     "cluster.fabric.nodes_per_leaf": Range(None, MAX_WORLD, "nodes under one leaf switch"),
     "cluster.fabric.nodes_per_group": Range(None, MAX_WORLD, "nodes in one group"),
+    "cluster.fabric.nodes_per_island": Range(None, MAX_WORLD, "nodes in one island"),
     "cluster.node.nics.count": Range(None, 64, "NIC rails per node"),
     "model.layers": Range(None, 256, "decoder layers: the deepest published LLMs have under "
                           "200 (a deep model's run is simulated over fewer steps)"),

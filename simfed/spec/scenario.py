@@ -385,6 +385,7 @@ class Scenario:
                             f"{self.stragglers.jitter.sigma}")
         self._check_validation()
         self._check_float8()
+        self._check_island()
         for i, a in enumerate(self.algorithms):
             try:
                 a.plan(self.cluster)
@@ -400,6 +401,12 @@ class Scenario:
         for g in self.stragglers.slow_gpus:
             if g.rank >= world:
                 raise SpecError(f"stragglers: rank {g.rank} does not exist ({world} GPUs)")
+
+    def _check_island(self) -> None:
+        f = self.cluster.fabric
+        if f.loaded_step_island_us > 0 and not f.nodes_per_island:
+            raise SpecError(f"cluster.fabric.loaded_step_island_us: {f.loaded_step_island_us:g} us "
+                            "needs cluster.fabric.nodes_per_island > 0 (the nodes of one island)")
 
     def _check_float8(self) -> None:
         """training.float8 needs FP8 tensor cores and the per-kernel compute model."""
