@@ -88,3 +88,13 @@ def test_the_island_term_the_fit_rule_chooses_is_documented_and_off():
     assert (fabric.nodes_per_island, fabric.loaded_step_island_us) == (160, 0.0)
     text = (DEFAULT_DIR / "clusters" / "marenostrum5-acc.yaml").read_text()
     assert "9.375 us" in text
+
+
+def test_the_island_fit_on_a_machine_without_islands_is_one_line(capsys):
+    from simfed.calibration.loaded_step import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["leonardo", "--island", "--grid", "5"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "nodes_per_island" in err
