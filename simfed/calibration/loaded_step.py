@@ -31,9 +31,10 @@ from .published import DEFAULT_DIR, load_cases, predict_case
 
 KEY = "cluster.fabric.loaded_step_us"
 ISLAND_KEY = "cluster.fabric.loaded_step_island_us"
-ISLAND_GRID = tuple(3.125 * i for i in range(9))
-DEFAULT_GRID = tuple(6.25 * i for i in range(17))
-GRIDS = {"leonardo": DEFAULT_GRID, "mn5": tuple(3.125 * i for i in range(9))}
+DEFAULT_GRID = tuple(6.25 * i for i in range(17))  # 0-100 us
+FINE_GRID = tuple(3.125 * i for i in range(9))  # 0-25 us
+ISLAND_GRID = FINE_GRID
+GRIDS = {"leonardo": DEFAULT_GRID, "mn5": FINE_GRID}
 ALIASES = {"leonardo": "modalities-leonardo-", "mn5": "modalities-mn5-"}
 
 

@@ -81,12 +81,12 @@ class Choice:
         return self.algbw_Bps * bus_factor(op, n)
 
 
-def _ring_inter_steps(op: str, nodes: int) -> int:
-    """A ring's inter-node steps over `nodes` nodes (tuning.cc's nInterSteps): all-reduce
-    2(n - 1), the others n - 1; none inside a node."""
-    if nodes <= 1:
+def _ring_steps(op: str, k: int) -> int:
+    """A ring's steps over k participants: all-reduce 2(k - 1), the others k - 1; none for one.
+    Over its ranks, tuning.cc's nsteps; over its nodes, its inter-node nInterSteps."""
+    if k <= 1:
         return 0
-    return 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+    return 2 * (k - 1) if op == "all_reduce" else k - 1
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -134,9 +134,9 @@ class NcclModel:
         ar = op == "all_reduce"
         # the ranks and nodes the latency terms count (all of them, or two nodes' worth)
         lnodes = self._latency_nodes(nodes)
-        ln = n if self.latency_growth else q * lnodes
-        nsteps = 2 * (ln - 1) if ar else ln - 1
-        n_inter = _ring_inter_steps(op, lnodes)
+        ln = self._latency_ranks(n, nodes)
+        nsteps = _ring_steps(op, ln)
+        n_inter = _ring_steps(op, lnodes)
         ll_max = arch["ll_max_bw_GBps"] * 1e9
         if gpu_arch(self.hw.gpu_name) == "hopper" and "ll_max_bw_hopper_GBps" in c:
             ll_max = c["ll_max_bw_hopper_GBps"] * 1e9
@@ -215,9 +215,13 @@ class NcclModel:
         if lnodes <= 1 or n < 2:
             return 0.0
         if ch.algorithm == "ring":
-            ranks = n if self.latency_growth else max(1, n // max(1, nodes)) * lnodes
-            return float(2 * (ranks - 1) if op == "all_reduce" else ranks - 1)
+            return float(_ring_steps(op, self._latency_ranks(n, nodes)))
         return 2.0 * math.log2(lnodes)
+
+    def _latency_ranks(self, n: int, nodes: int) -> int:
+        """The ranks the ring latency terms count: all n, or the ranks of two nodes' worth where
+        runtime.comm.latency_growth is off."""
+        return n if self.latency_growth else max(1, n // max(1, nodes)) * self._latency_nodes(nodes)
 
     def _latency_nodes(self, nodes: int) -> int:
         """The nodes the latency terms count: all of them, or two nodes' worth where
