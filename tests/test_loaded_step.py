@@ -98,3 +98,10 @@ def test_the_island_fit_on_a_machine_without_islands_is_one_line(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "Traceback" not in err and "nodes_per_island" in err
+
+
+def test_an_empty_prefix_takes_every_scale_study_and_no_single_run():
+    """Cases outside any scale study (no `study`) never reach the fit, whatever the prefix."""
+    every = study_cases("")
+    assert every and all(c.get("study") == s for s, cs in every.items() for c in cs)
+    assert set(study_cases("dgxc")) < set(every)

@@ -208,3 +208,15 @@ def test_a_malformed_speedup_case_is_one_clear_error(tmp_path):
     with pytest.raises(SpecError, match=r"cases\[0\]\.published\.baseline: input should be "
                        r"greater than 0, got 0"):
         speedup_cases(tmp_path)
+
+
+def test_validate_reports_the_micro_batch_sweeps(result):
+    """Every sweep is cases of one scenario at one GPU count, three micro-batches or more."""
+    found = result["micro_batch_sweeps"]
+    assert found
+    by_name = {r["name"]: r for r in result["cases"]}
+    for s in found:
+        members = [by_name[n] for n in s["cases"]]
+        assert {r["gpus"] for r in members} == {s["gpus"]}
+        assert {r["scenario"] for r in members} == {s["scenario"]}
+        assert len(s["micro_batches"]) >= 3 and s["per_token_ratio"] > 0

@@ -54,7 +54,7 @@ def study_cases(machine: str, which: str = "fit", folder: Path = DEFAULT_DIR
     prefix = ALIASES.get(machine, machine)
     by: dict[str, list[dict[str, Any]]] = {}
     for c in load_cases(folder):
-        if c["set"] == which and (c.get("study") or "").startswith(prefix):
+        if c["set"] == which and c.get("study") and c["study"].startswith(prefix):
             by.setdefault(c["study"], []).append(c)
     by = {s: cs for s, cs in by.items() if len({c["gpus"] for c in cs}) > 1}
     if not by:

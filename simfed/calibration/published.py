@@ -8,6 +8,9 @@ back: reported, never iterated on). The summary gives the median and worst |erro
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 import statistics
 from collections.abc import Callable
@@ -16,6 +19,7 @@ from typing import Any
 
 from ..spec.schema import SpecError
 from . import published_files as files
+from .micro_batch import print_sweeps, sweeps
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "validation" / "published"
 SETS = ("fit", "check")
@@ -120,6 +124,7 @@ def predict_case(folder: Path, case: dict[str, Any],
     out, _ = simulate(scn, algorithms=[scn.algorithms[0].name])
     r = out["algorithms"][0]
     pub = float(case["published_tokens_per_s_per_gpu"])
+    t = scn.training
     pred = float(r["tokens_per_s_per_gpu"])
     return {
         "name": case["name"], "set": case["set"], "gpu": case.get("gpu", ""),
@@ -129,7 +134,19 @@ def predict_case(folder: Path, case: dict[str, Any],
         "fits_memory": bool(r["fits"]), "peak_memory_GiB": r["peak_memory_bytes"] / 2**30,
         "capacity_GiB": r["memory_capacity_bytes"] / 2**30,
         "mfu": r["mfu"], "exposed_comm_s": r["exposed_comm_s"], "step_time_s": r["step_time_s"],
+        "scenario": case["scenario"], "micro_batch": t.micro_batch,
+        "tokens_per_gpu_step": t.micro_batch * t.seq_len * t.grad_accum,
+        "sweep": _sweep_key(case["scenario"], scn),
     }
+
+
+def _sweep_key(scenario: str, scn: Any) -> str:
+    """What a case shares with the cases that differ from it only in their micro-batch: its
+    scenario file and the resolved scenario without `training.micro_batch`."""
+    spec = dataclasses.asdict(scn)
+    spec["training"].pop("micro_batch", None)
+    return scenario + ":" + hashlib.sha256(
+        json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def framework(case: dict[str, Any], scn: Any) -> str:
@@ -245,7 +262,7 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
     if not only_set and not overrides and any(r["set"] == "check" for r in rows):
         claims = {"claims": derive_claims(rows), "stored_claims": load_claims(folder)}
     return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
-            "scale_losses": scale_losses(rows), **claims,
+            "scale_losses": scale_losses(rows), "micro_batch_sweeps": sweeps(rows), **claims,
             "collectives": collective_cases(folder), "speedups": speedup_cases(folder),
             "collectives_calibrated": collective_cases(folder, calibrated=True),
             "shared_fabric": shared_fabric_cases(folder)}
@@ -281,6 +298,8 @@ def print_published(res: dict[str, Any], console: Any) -> None:
         print_speedups(res["speedups"], console)
     if res.get("scale_losses"):
         print_scale_losses(res["scale_losses"], console)
+    if res.get("micro_batch_sweeps"):
+        print_sweeps(res["micro_batch_sweeps"], console)
     for name, s in res["summary"].items():
         console.print(f"  {name}: median |error| {100 * s['median_abs_error']:.1f}% over "
                       f"{s['cases']} cases; worst {s['worst']['name']} "
