@@ -105,3 +105,31 @@ def test_an_empty_prefix_takes_every_scale_study_and_no_single_run():
     every = study_cases("")
     assert every and all(c.get("study") == s for s, cs in every.items() for c in cs)
     assert set(study_cases("dgxc")) < set(every)
+
+
+def test_extrapolate_fits_each_study_on_its_small_counts_only():
+    """--extrapolate: a study's value comes from its counts up to the share of its largest; the
+    loss it reports to the largest count is the model's with that value."""
+    from simfed.calibration.loaded_step import extrapolate
+    from simfed.calibration.published import predict_case
+
+    (r,) = extrapolate("dgxc-paxml-gpt5b", (0.0, 50.0), share=0.25)
+    assert r.fitted_on == (16, 32) and r.largest == 128
+    cases = study_cases("dgxc-paxml-gpt5b")["dgxc-paxml-gpt5b-fp8"]
+    lo, hi = (predict_case(DEFAULT_DIR, c, {KEY: r.value_us})["predicted"]
+              for c in (cases[0], cases[-1]))
+    assert r.calibrated_loss == pytest.approx(1 - hi / lo)
+    small = {"dgxc-paxml-gpt5b-fp8": [c for c in cases if c["gpus"] <= 32]}
+    errs = {v: sum(map(abs, curve_errors(small, v))) for v in (0.0, 50.0)}
+    assert errs[r.value_us] == min(errs.values())
+
+
+@pytest.mark.parametrize("share", ["0", "1.5", "0.01"])
+def test_extrapolate_with_no_usable_share_is_one_line(share, capsys):
+    from simfed.calibration.loaded_step import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["dgxc-paxml-gpt5b", "--extrapolate", share, "--grid", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "--extrapolate" in err

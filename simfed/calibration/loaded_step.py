@@ -16,6 +16,10 @@ the criterion: the term is a scale loss, and the level of each study is the comp
 The shipped values (docs/accuracy.md, "Fourth check") came from this rule on the fit set:
 Leonardo on the 6.25 us grid 0-100, MareNostrum 5 on the 3.125 us grid 0-25, and MareNostrum 5's
 island term (its scenarios' other term fixed) on the 3.125 us grid 0-25.
+
+`--extrapolate SHARE` asks whether a cluster's small runs pin the term: each study alone, fitted
+by the same rule on its GPU counts up to SHARE of its largest, its loss to the largest count
+predicted with that value and with the shipped one (docs/accuracy.md, "How sure").
 """
 
 from __future__ import annotations
@@ -88,6 +92,48 @@ def scan(machine: str, grid: tuple[float, ...] | None = None, which: str = "fit"
     return pts, best
 
 
+@dataclass(frozen=True)
+class Extrapolation:
+    study: str
+    fitted_on: tuple[int, ...]
+    largest: int
+    value_us: float
+    published_loss: float
+    calibrated_loss: float
+    shipped_loss: float
+
+
+def extrapolate(machine: str, grid: tuple[float, ...] | None = None, which: str = "fit",
+                folder: Path = DEFAULT_DIR, share: float = 0.25) -> list[Extrapolation]:
+    """Each study alone, as a user with small runs would calibrate: the term fitted (the rule
+    above) on its GPU counts up to `share` of its largest (two counts at least, else the study is
+    skipped), then its throughput lost from its smallest to its largest count predicted with that
+    value and with the value its scenarios ship."""
+    out = []
+    for name, cases in study_cases(machine, which, folder).items():
+        largest = cases[-1]["gpus"]
+        small = [c for c in cases if c["gpus"] <= share * largest]
+        if len({c["gpus"] for c in small}) < 2:
+            continue
+        pts = []
+        for v in grid or GRIDS.get(machine, DEFAULT_GRID):
+            a = [abs(e) for e in curve_errors({name: small}, v, folder)]
+            pts.append((round(statistics.mean(a), 3), round(statistics.median(a), 3), v))
+        value = min(pts)[2]
+
+        ends = (cases[0], cases[-1])
+
+        def loss(overrides: dict[str, Any], ends: tuple[dict[str, Any], ...] = ends) -> float:
+            lo, hi = (predict_case(folder, c, overrides)["predicted"] for c in ends)
+            return 1.0 - hi / lo
+
+        pub = 1.0 - cases[-1]["published_tokens_per_s_per_gpu"] / cases[0][
+            "published_tokens_per_s_per_gpu"]
+        out.append(Extrapolation(name, tuple(sorted({c["gpus"] for c in small})), largest, value,
+                                 pub, loss({KEY: value}), loss({})))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m simfed.calibration.loaded_step",
                                  description=__doc__.split("\n\n")[0])
@@ -96,6 +142,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="a folder with cases.yaml (default: validation/published)")
     ap.add_argument("--grid", help="comma-separated values in us (default: the machine's)")
     ap.add_argument("--set", dest="which", choices=("fit", "check"), default="fit")
+    ap.add_argument("--extrapolate", type=float, metavar="SHARE",
+                    help="instead: fit each study alone on its GPU counts up to SHARE of its "
+                    "largest (e.g. 0.25) and report its loss to the largest, calibrated so and "
+                    "as shipped")
     ap.add_argument("--island", action="store_true",
                     help="fit cluster.fabric.loaded_step_island_us (the latency a collective over "
                     "more than one island adds per step) instead")
@@ -104,10 +154,31 @@ def main(argv: list[str] | None = None) -> None:
         grid = tuple(float(x) for x in a.grid.split(",")) if a.grid else None
         if grid is not None and any(v < 0 for v in grid):
             raise ValueError(f"--grid: values must be >= 0 us, got {a.grid}")
-        pts, best = scan(a.studies, grid, a.which, a.folder,
-                         ISLAND_KEY if a.island else KEY)
+        if a.extrapolate is not None:
+            if not 0 < a.extrapolate < 1:
+                raise ValueError(f"--extrapolate: a share between 0 and 1, got {a.extrapolate}")
+            rows = extrapolate(a.studies, grid, a.which, a.folder, a.extrapolate)
+            if not rows:
+                raise ValueError(f"--extrapolate {a.extrapolate}: no study has two GPU counts "
+                                 "up to that share of its largest")
+        else:
+            pts, best = scan(a.studies, grid, a.which, a.folder,
+                             ISLAND_KEY if a.island else KEY)
     except (ValueError, SpecError) as e:
         ap.error(str(e).splitlines()[0])
+    if a.extrapolate is not None:
+        for r in rows:
+            print(f"{r.study}: fitted on {', '.join(map(str, r.fitted_on))} GPUs: "
+                  f"{r.value_us:g} us; loss to {r.largest:,} GPUs published "
+                  f"{100 * r.published_loss:.1f}%, "
+                  f"calibrated {100 * r.calibrated_loss:.1f}%, as shipped "
+                  f"{100 * r.shipped_loss:.1f}%")
+        cal = [abs(r.calibrated_loss - r.published_loss) for r in rows]
+        shp = [abs(r.shipped_loss - r.published_loss) for r in rows]
+        print(f"median |difference|: calibrated {100 * statistics.median(cal):.1f} pp, as shipped "
+              f"{100 * statistics.median(shp):.1f} pp over {len(rows)} studies; within 2 pp: "
+              f"{sum(x <= 0.02 for x in cal)} and {sum(x <= 0.02 for x in shp)}")
+        return
     for p in pts:
         print(f"{p.value_us:7.1f} us: mean |scale-curve error| {100 * p.mean_abs:5.1f}%, "
               f"median {100 * p.median_abs:5.1f}%, worst {100 * p.worst_abs:5.1f}% "
