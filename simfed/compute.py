@@ -78,6 +78,7 @@ class ComputeModel:
     seq_len: int = 0
     attention: str = "flash"  # flash | eager
     cross_entropy: str = "pytorch"  # pytorch | fused
+    train_metric_passes: int = 0  # training.train_metric_passes
     reduce_nbytes: int = 0  # gradient reduce dtype's bytes (0: the model dtype's)
     float8: str = "none"  # none | tensorwise | rowwise (training.float8)
     float8_all_gather: bool = True  # tensorwise: FSDP all-gathers the weights in float8
@@ -502,5 +503,9 @@ class ComputeModel:
         else:
             ce = t * v * (p + 12) if not bwd else t * v * (4 + 4 + 4 + p)
         ks.append(self.memory_bound("cross-entropy", float(ce)))
+        if self.train_metric_passes and not bwd:
+            # the trainer's metrics, each PyTorch's fp32 forward cross-entropy over the logits
+            ks.append(self.memory_bound("train metrics",
+                                        float(self.train_metric_passes * t * v * (p + 12))))
         ks.extend(self.fsdp_kernels(unit, direction))
         return ks

@@ -92,6 +92,22 @@ def test_fused_cross_entropy_moves_fewer_bytes():
     assert fused.nbytes == 8192 * 32000 * 2
 
 
+def test_train_metrics_are_forward_cross_entropies_over_the_logits_after_each_micro_batch():
+    """training.train_metric_passes: each pass PyTorch's fp32 forward cross-entropy over the
+    logits (14 bytes per logit), on the root unit's forward only, whatever the loss kernel."""
+    root = MODEL.units(4096)[0]
+    for ce in ("pytorch", "fused"):
+        cm = _cm(cross_entropy=ce, train_metric_passes=2)
+        (metrics,) = [k for k in cm.unit_kernels(root, "forward") if k.name == "train metrics"]
+        assert metrics.nbytes == 2 * 8192 * 32000 * (2 + 12)
+        assert metrics.time_s == pytest.approx(metrics.nbytes / (2000e9 * 0.8))
+        assert all(k.name != "train metrics" for k in cm.unit_kernels(root, "backward"))
+        base = _cm(cross_entropy=ce)
+        assert cm.forward_s(root) - base.forward_s(root) == pytest.approx(metrics.time_s)
+    layer = MODEL.units(4096)[1]
+    assert _cm(train_metric_passes=2).forward_s(layer) == _cm().forward_s(layer)
+
+
 def test_eager_attention_is_slower_than_flash():
     unit = MODEL.units(4096)[1]
     assert _cm(attention="eager").forward_s(unit) > _cm().forward_s(unit)

@@ -220,3 +220,19 @@ def test_validate_reports_the_micro_batch_sweeps(result):
         assert {r["gpus"] for r in members} == {s["gpus"]}
         assert {r["scenario"] for r in members} == {s["scenario"]}
         assert len(s["micro_batches"]) >= 3 and s["per_token_ratio"] > 0
+
+
+def test_llm_foundry_scenarios_evaluate_composers_two_train_metrics():
+    """Composer evaluates the model's train metrics after every micro-batch; llm-foundry's MPT
+    (and MosaicGPT before it) has two (LanguageCrossEntropy, LanguagePerplexity); fms-fsdp and the
+    others none."""
+    from simfed.spec import load_scenario
+
+    seen = set()
+    for c in load_cases():
+        if c["scenario"] in seen:
+            continue
+        seen.add(c["scenario"])
+        scn = load_scenario(DEFAULT_DIR / c["scenario"])
+        foundry = c["source"].get("repo") == "mosaicml/llm-foundry"
+        assert scn.training.train_metric_passes == (2 if foundry else 0), c["scenario"]

@@ -59,6 +59,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     cm = ComputeModel(hw=hw, rt=scn.runtime.compute, tokens_per_gpu=tokens_gpu, model=model,
                       seq_len=train.seq_len, attention=train.attention,
                       cross_entropy=train.cross_entropy,
+                      train_metric_passes=train.train_metric_passes,
                       reduce_nbytes=dtype_nbytes(train.reduce_dtype or model.dtype),
                       float8=train.float8, float8_all_gather=train.float8_all_gather,
                       compile=train.compile,

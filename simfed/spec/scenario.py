@@ -110,6 +110,11 @@ class TrainingSpec:
         doc="pytorch: an fp32 copy and fp32 log-softmax of the logits (10 bytes per logit at "
         "the loss); fused (flash-attn's xentropy, llm-foundry's MPT default): bf16 logits, "
         "gradient in place (2 bytes)")
+    train_metric_passes: int = param(
+        0, ge=0, le=8,
+        doc="forward-only cross-entropies over the logits after each micro-batch, the training "
+        "metrics a trainer evaluates (Composer: LanguageCrossEntropy and LanguagePerplexity, 2; "
+        "each an fp32 cast and log-softmax of the logits, 14 bytes per logit); 0: none")
     eager_ops: str = param(
         "fused", choices=("fused", "composite"),
         doc="how the uncompiled model computes its RMSNorms and RoPE: fused (one kernel each "
