@@ -17,9 +17,10 @@ Two models, chosen by `runtime.compute.model`:
   - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k
     (`model.position: rope`), q/k/v layout copies (not for the Triton kernel, which reads
     strided views), the MLP activation, two residual adds per layer; embedding gather, final norm
-    and cross-entropy over the logits on the root unit; FSDP1's assembly of each unit's flat
-    gradient (autograd's cat of the parameters' gradients), its cast to the reduce dtype and
-    its in-place pre-division before the reduce-scatter. Backward moves
+    and cross-entropy over the logits on the root unit (`training.train_metric_passes` more
+    forward cross-entropies: a trainer's metrics after each micro-batch); FSDP1's assembly of
+    each unit's flat gradient (autograd's cat of the parameters' gradients), its cast to the
+    reduce dtype and its in-place pre-division before the reduce-scatter. Backward moves
     about twice the forward's bytes (reads the saved input and the output gradient, writes the
     input gradient).
   - a fixed `kernel_gap_us` between consecutive kernels (launch and tail effects).

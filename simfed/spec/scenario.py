@@ -114,7 +114,8 @@ class TrainingSpec:
         0, ge=0, le=8,
         doc="forward-only cross-entropies over the logits after each micro-batch, the training "
         "metrics a trainer evaluates (Composer: LanguageCrossEntropy and LanguagePerplexity, 2; "
-        "each an fp32 cast and log-softmax of the logits, 14 bytes per logit); 0: none")
+        "each an fp32 cast and log-softmax of the logits, 14 bytes per logit; kernel model "
+        "only, their transient fp32 copies not in the memory model); 0: none")
     eager_ops: str = param(
         "fused", choices=("fused", "composite"),
         doc="how the uncompiled model computes its RMSNorms and RoPE: fused (one kernel each "
