@@ -236,3 +236,22 @@ def test_llm_foundry_scenarios_evaluate_composers_two_train_metrics():
         scn = load_scenario(DEFAULT_DIR / c["scenario"])
         foundry = c["source"].get("repo") == "mosaicml/llm-foundry"
         assert scn.training.train_metric_passes == (2 if foundry else 0), c["scenario"]
+
+
+def test_modalities_scenarios_time_the_host_call_as_its_trainer_does():
+    """Modalities' samples/s is a host timer around Trainer._train_batch, stopped when the call
+    returns and before the loss is read; its FSDP2 clipper reads the gradient norm before the
+    optimizer step; no other source's runs are timed so."""
+    from simfed.spec import load_scenario
+
+    seen = set()
+    for c in load_cases():
+        if c["scenario"] in seen:
+            continue
+        seen.add(c["scenario"])
+        scn = load_scenario(DEFAULT_DIR / c["scenario"])
+        modalities = c["source"].get("repo") == "Modalities/modalities"
+        assert (scn.training.throughput_timer == "host_call") is modalities, c["scenario"]
+        assert scn.runtime.host.sync_per_step is modalities
+        assert scn.runtime.host.sync_before_optimizer is (
+            modalities and scn.training.fsdp_version == 2)

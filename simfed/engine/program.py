@@ -92,6 +92,7 @@ class Op:
     alloc_unit: int = -1  # unsharded buffer of this unit allocated when the op starts
     free_unit: int = -1  # ... and freed when it ends
     after_prev_step: bool = False  # waits for the previous step's last op (parameter update)
+    timer_stop: bool = False  # SYNC: a host timer around the step call stops before its wait
 
 
 @dataclass
@@ -240,7 +241,7 @@ def build_program(
     embed = add(kind=OpKind.COMPUTE, stream=0, phase=BWD, name="backward root (embedding)", unit=0,
                 deps=(prev_b.idx,), duration_s=0.0, free_unit=0 if sharded else -1)
     reduce(0, embed)
-    if host.sync_per_phase:
+    if host.sync_per_phase or host.sync_before_optimizer:
         add(kind=OpKind.SYNC, stream=-1, phase=BWD, name="backward done", waits=tuple(reduced))
 
     # ---- optimizer ----------------------------------------------------------------------
@@ -261,6 +262,9 @@ def build_program(
             avg = add(kind=OpKind.COMPUTE, stream=0, phase=AGG, name="outer optimizer (nesterov)",
                       deps=(avg.idx,), duration_s=t.outer_s)
         add(kind=OpKind.SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
+    if host.sync_per_step:  # the trainer reads the loss: the host waits for the whole step
+        add(kind=OpKind.SYNC, stream=-1, phase=OPT, name="step done (loss read)",
+            waits=tuple(o.idx for o in ops if o.stream >= 0), timer_stop=True)
     if comm is not None and not comm.overlap_compute:
         for op in ops:  # CPU collectives block the rank: one stream for everything
             if op.stream > 0:

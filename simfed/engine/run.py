@@ -173,6 +173,20 @@ def _simulate(scn: Scenario, **kw: Any) -> Simulation:
     return contention.simulate(lambda model: Simulation(**kw, contention=model))
 
 
+def _timed(train, sim: Simulation, tokens_per_gpu_step: float) -> dict[str, float]:
+    """training.throughput_timer host_call: the host's time from the start of each step to the
+    return of the step call (a timer_stop SYNC, else the end of its issuing), averaged over the
+    steps, the slowest rank's (a trainer that reduces its timers with MAX)."""
+    if train.throughput_timer != "host_call":
+        return {}
+    timed = max(sum(e - b for b, e in zip(st.host_start, st.timer_stop, strict=True))
+                / len(st.host_start) for st in sim.states)
+    if timed <= 0:
+        raise SpecError("training.throughput_timer: host_call times the host's step call, which "
+                        "takes no time here (no host costs, no sync inside the step): use step")
+    return {"timed_step_s": timed, "timed_tokens_per_s_per_gpu": tokens_per_gpu_step / timed}
+
+
 def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simulation,
                times: StepTimes, agg_steps: set[int]) -> dict[str, Any]:
     info = algorithm_info(alg.name)
@@ -228,6 +242,7 @@ def _summarise(scn: Scenario, alg: AlgorithmSpec, plan, hw: Hardware, sim: Simul
         "tokens_per_s_per_gpu": tokens_step / step_time / world,
         "samples_per_s": samples_step / step_time,
         "mfu": flops_token * tokens_step / step_time / (world * hw.peak_flops),
+        **_timed(train, sim, tokens_step / world),
         "phases_s": phases,
         "aggregation_per_event_s": (sum(agg_events) / len(agg_events)) if agg_events else 0.0,
         "compute_s": compute_s / steps,

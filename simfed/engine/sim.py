@@ -70,6 +70,10 @@ class ActorState:
     check_s: list[list[float]] = field(default_factory=list)  # host debug-check wait per op
     waiters: dict[tuple[int, int, int], simpy.Event] = field(default_factory=dict)
     host_end: list[float] = field(default_factory=list)  # [step] host finished the step
+    host_start: list[float] = field(default_factory=list)  # [step] host began the step
+    # [step] the host's clock when a timer around the step call stops (a timer_stop SYNC's
+    # arrival), else when it finished the step
+    timer_stop: list[float] = field(default_factory=list)
 
 
 _ISSUED, _DONE = 0, 1
@@ -289,6 +293,8 @@ class Simulation:
             done_rows.append(done)
             st.check_s.append([0.0] * n)
             synced = 0  # ops before this one are known done (sync_per_collective)
+            st.host_start.append(h)
+            stop = -1.0
             for op in prog.ops:
                 idx = op.idx
                 h += op.host_s
@@ -301,6 +307,8 @@ class Simulation:
                         h = t
                 kind = op.kind
                 if kind is SYNC:
+                    if op.timer_stop:
+                        stop = h
                     for w in op.waits:
                         t = done[w]
                         if t == _INF:
@@ -345,6 +353,7 @@ class Simulation:
                     if ev is not None:
                         ev.succeed()
             st.host_end.append(h)
+            st.timer_stop.append(stop if stop >= 0 else h)
         # the host's last clock reading is a time in the future of the GPU work it issued
 
     def _stream(self, st: ActorState, stream: int) -> Iterator[simpy.Event]:

@@ -175,6 +175,14 @@ class HostRuntime:
         "(torch.cuda.synchronize() before each all-gather call, as DeepSpeed ZeRO-3's "
         "_allgather_param did in 2021): no host run-ahead past a collective")
     step_overhead_ms: float = param(0.0, ge=0, doc="per-step host work (data, logging): Other")
+    sync_before_optimizer: bool = param(
+        False, doc="host reads a value of the finished backward before the optimizer step (a "
+        "gradient-norm check such as clip_grad_norm_(error_if_nonfinite=True)): it waits for "
+        "the backward's last reduction")
+    sync_per_step: bool = param(
+        False, doc="host reads a result of each step (the loss) once the step is issued: it "
+        "waits for the step's GPU work before the next step's host work, which the GPU then "
+        "waits for")
 
 
 @dataclass(frozen=True, kw_only=True)

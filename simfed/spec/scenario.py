@@ -110,6 +110,13 @@ class TrainingSpec:
         doc="pytorch: an fp32 copy and fp32 log-softmax of the logits (10 bytes per logit at "
         "the loss); fused (flash-attn's xentropy, llm-foundry's MPT default): bf16 logits, "
         "gradient in place (2 bytes)")
+    throughput_timer: str = param(
+        "step", choices=("step", "host_call"),
+        doc="what a run's published throughput timed: step (its steps end to end: the "
+        "simulated step time) or host_call (a host timer around the trainer's call of one "
+        "training step, from the host's start of the step to the call's return: the GPU work "
+        "still queued then is not timed, as modalities' Trainer times its samples/s); "
+        "host_call adds timed_step_s and timed_tokens_per_s_per_gpu to the results")
     train_metric_passes: int = param(
         0, ge=0, le=8,
         doc="forward-only cross-entropies over the logits after each micro-batch, the training "
