@@ -222,36 +222,33 @@ def test_validate_reports_the_micro_batch_sweeps(result):
         assert len(s["micro_batches"]) >= 3 and s["per_token_ratio"] > 0
 
 
-def test_llm_foundry_scenarios_evaluate_composers_two_train_metrics():
-    """Composer evaluates the model's train metrics after every micro-batch; llm-foundry's MPT
-    (and MosaicGPT before it) has two (LanguageCrossEntropy, LanguagePerplexity); fms-fsdp and the
-    others none."""
+def _scenario_per_file():
+    """Each scenario file of the cases once, loaded, with the source repository of its cases."""
     from simfed.spec import load_scenario
 
     seen = set()
     for c in load_cases():
-        if c["scenario"] in seen:
-            continue
-        seen.add(c["scenario"])
-        scn = load_scenario(DEFAULT_DIR / c["scenario"])
-        foundry = c["source"].get("repo") == "mosaicml/llm-foundry"
-        assert scn.training.train_metric_passes == (2 if foundry else 0), c["scenario"]
+        if c["scenario"] not in seen:
+            seen.add(c["scenario"])
+            yield c["scenario"], c["source"].get("repo"), load_scenario(DEFAULT_DIR / c["scenario"])
+
+
+def test_llm_foundry_scenarios_evaluate_composers_two_train_metrics():
+    """Composer evaluates the model's train metrics after every micro-batch; llm-foundry's MPT
+    (and MosaicGPT before it) has two (LanguageCrossEntropy, LanguagePerplexity); fms-fsdp and the
+    others none."""
+    for name, repo, scn in _scenario_per_file():
+        foundry = repo == "mosaicml/llm-foundry"
+        assert scn.training.train_metric_passes == (2 if foundry else 0), name
 
 
 def test_modalities_scenarios_time_the_host_call_as_its_trainer_does():
     """Modalities' samples/s is a host timer around Trainer._train_batch, stopped when the call
     returns and before the loss is read; its FSDP2 clipper reads the gradient norm before the
     optimizer step; no other source's runs are timed so."""
-    from simfed.spec import load_scenario
-
-    seen = set()
-    for c in load_cases():
-        if c["scenario"] in seen:
-            continue
-        seen.add(c["scenario"])
-        scn = load_scenario(DEFAULT_DIR / c["scenario"])
-        modalities = c["source"].get("repo") == "Modalities/modalities"
-        assert (scn.training.throughput_timer == "host_call") is modalities, c["scenario"]
+    for name, repo, scn in _scenario_per_file():
+        modalities = repo == "Modalities/modalities"
+        assert (scn.training.throughput_timer == "host_call") is modalities, name
         assert scn.runtime.host.sync_per_step is modalities
         assert scn.runtime.host.sync_before_optimizer is (
             modalities and scn.training.fsdp_version == 2)

@@ -263,7 +263,7 @@ def build_program(
                       deps=(avg.idx,), duration_s=t.outer_s)
         add(kind=OpKind.SYNC, stream=-1, phase=AGG, name="fedavg done (blocking)", waits=(avg.idx,))
     if host.sync_per_step:  # the trainer reads the loss: the host waits for the whole step
-        add(kind=OpKind.SYNC, stream=-1, phase=OPT, name="step done (loss read)",
+        add(kind=OpKind.SYNC, stream=-1, phase=AGG, name="step done (loss read)",
             waits=tuple(o.idx for o in ops if o.stream >= 0), timer_stop=True)
     if comm is not None and not comm.overlap_compute:
         for op in ops:  # CPU collectives block the rank: one stream for everything
