@@ -499,14 +499,14 @@ class ComputeModel:
         # fp32 copy, log-softmax reads it and writes fp32 (p + 4 + 4 + 4 bytes per logit);
         # backward writes the fp32 softmax gradient, reads it and writes the bf16 gradient.
         # A fused kernel reads the logits once and writes the gradient in place.
+        fp32_forward = t * v * (p + 12)  # PyTorch's forward cross-entropy in fp32
         if self.cross_entropy == "fused":
             ce = t * v * p if not bwd else t * v * 2 * p
         else:
-            ce = t * v * (p + 12) if not bwd else t * v * (4 + 4 + 4 + p)
+            ce = fp32_forward if not bwd else t * v * (4 + 4 + 4 + p)
         ks.append(self.memory_bound("cross-entropy", float(ce)))
-        if self.train_metric_passes and not bwd:
-            # the trainer's metrics, each PyTorch's fp32 forward cross-entropy over the logits
+        if self.train_metric_passes and not bwd:  # the trainer's metrics, each one such pass
             ks.append(self.memory_bound("train metrics",
-                                        float(self.train_metric_passes * t * v * (p + 12))))
+                                        float(self.train_metric_passes * fp32_forward)))
         ks.extend(self.fsdp_kernels(unit, direction))
         return ks

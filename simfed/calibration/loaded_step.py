@@ -82,14 +82,27 @@ def curve_errors(studies: dict[str, list[dict[str, Any]]], value_us: float,
 def scan(machine: str, grid: tuple[float, ...] | None = None, which: str = "fit",
          folder: Path = DEFAULT_DIR, key: str = KEY) -> tuple[list[Point], Point]:
     """Each grid value's scale-curve error over the machine's studies, and the chosen one."""
-    studies = study_cases(machine, which, folder)
-    pts = []
     default = ISLAND_GRID if key == ISLAND_KEY else GRIDS.get(machine, DEFAULT_GRID)
-    for v in grid or default:
+    return _fit(study_cases(machine, which, folder), grid or default, folder, key)
+
+
+def _fit(studies: dict[str, list[dict[str, Any]]], grid: tuple[float, ...], folder: Path,
+         key: str = KEY) -> tuple[list[Point], Point]:
+    """The rule: each grid value's scale-curve error over `studies`; the smallest mean |error|
+    chosen (ties: the smaller median, then the smaller value)."""
+    pts = []
+    for v in grid:
         a = [abs(e) for e in curve_errors(studies, v, folder, key)]
         pts.append(Point(v, statistics.mean(a), statistics.median(a), max(a), len(a)))
     best = min(pts, key=lambda p: (round(p.mean_abs, 3), round(p.median_abs, 3), p.value_us))
     return pts, best
+
+
+def _loss(folder: Path, smallest: dict[str, Any], largest: dict[str, Any],
+          overrides: dict[str, Any]) -> float:
+    """Predicted throughput per GPU lost from the smallest to the largest count."""
+    lo, hi = (predict_case(folder, c, overrides)["predicted"] for c in (smallest, largest))
+    return 1.0 - hi / lo
 
 
 @dataclass(frozen=True)
@@ -115,22 +128,12 @@ def extrapolate(machine: str, grid: tuple[float, ...] | None = None, which: str 
         small = [c for c in cases if c["gpus"] <= share * largest]
         if len({c["gpus"] for c in small}) < 2:
             continue
-        pts = []
-        for v in grid or GRIDS.get(machine, DEFAULT_GRID):
-            a = [abs(e) for e in curve_errors({name: small}, v, folder)]
-            pts.append((round(statistics.mean(a), 3), round(statistics.median(a), 3), v))
-        value = min(pts)[2]
-
-        ends = (cases[0], cases[-1])
-
-        def loss(overrides: dict[str, Any], ends: tuple[dict[str, Any], ...] = ends) -> float:
-            lo, hi = (predict_case(folder, c, overrides)["predicted"] for c in ends)
-            return 1.0 - hi / lo
-
+        value = _fit({name: small}, grid or GRIDS.get(machine, DEFAULT_GRID), folder)[1].value_us
         pub = 1.0 - cases[-1]["published_tokens_per_s_per_gpu"] / cases[0][
             "published_tokens_per_s_per_gpu"]
         out.append(Extrapolation(name, tuple(sorted({c["gpus"] for c in small})), largest, value,
-                                 pub, loss({KEY: value}), loss({})))
+                                 pub, _loss(folder, cases[0], cases[-1], {KEY: value}),
+                                 _loss(folder, cases[0], cases[-1], {})))
     return out
 
 

@@ -294,7 +294,7 @@ class Simulation:
             st.check_s.append([0.0] * n)
             synced = 0  # ops before this one are known done (sync_per_collective)
             st.host_start.append(h)
-            stop = -1.0
+            stop = None
             for op in prog.ops:
                 idx = op.idx
                 h += op.host_s
@@ -353,7 +353,7 @@ class Simulation:
                     if ev is not None:
                         ev.succeed()
             st.host_end.append(h)
-            st.timer_stop.append(stop if stop >= 0 else h)
+            st.timer_stop.append(h if stop is None else stop)
         # the host's last clock reading is a time in the future of the GPU work it issued
 
     def _stream(self, st: ActorState, stream: int) -> Iterator[simpy.Event]:
