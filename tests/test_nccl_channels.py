@@ -51,7 +51,8 @@ def test_shipped_scenarios_use_nccls_channel_count():
         node, comm = scn.cluster.node, scn.runtime.comm
         want = ring_channels(node.nics.count, node.nics.bw_Gbps, node.gpus,
                              gpu_arch(node.gpu.name) == "hopper")
-        assert comm.nccl_channels == want, f"{f.name}: nccl_channels {comm.nccl_channels}, NCCL's {want}"
+        assert comm.nccl_channels == want, \
+            f"{f.name}: nccl_channels {comm.nccl_channels}, NCCL's {want}"
         assert comm.sm_share == pytest.approx(want / node.gpu.sms, abs=0.0015), \
             f"{f.name}: sm_share {comm.sm_share}, {want} channels of {node.gpu.sms} SMs"
         checked += 1
