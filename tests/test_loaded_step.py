@@ -18,9 +18,9 @@ def _shipped(scenario: str) -> float:
 @pytest.mark.parametrize("machine, scenarios, grid", [
     ("leonardo", ("scale-modalities-leonardo-2.7b.yaml", "scale-modalities-leonardo-6.7b.yaml",
                   "scale-modalities-leonardo-2.7b-hybrid.yaml",
-                  "scale-modalities-leonardo-6.7b-hybrid.yaml"), (62.5, 68.75, 75.0)),
+                  "scale-modalities-leonardo-6.7b-hybrid.yaml"), (43.75, 50.0, 56.25)),
     ("mn5", ("scale-modalities-mn5-2.7b.yaml", "scale-modalities-mn5-6.7b-hybrid.yaml"),
-     (3.125, 6.25, 9.375)),
+     (9.375, 12.5, 15.625)),
 ])
 def test_the_shipped_value_is_the_fit_rules_choice(machine, scenarios, grid):
     pts, best = scan(machine, grid)
