@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from ..hardware import Hardware
+from ..spec.nccl_channels import gpu_arch, ring_channels  # noqa: F401 - re-exported
 from ..spec.schema import SpecError
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -62,11 +63,6 @@ def version_constants(version: str) -> dict:
         raise SpecError(f"runtime.comm.nccl_version: {version} is older than the oldest "
                         f"modelled release {listed[0][1]}")
     return table[chosen[-1]]
-
-
-def gpu_arch(gpu_name: str) -> str:
-    name = gpu_name.upper()
-    return "hopper" if any(k in name for k in ("H100", "H200", "GH200", "H800")) else "ampere"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,35 +268,6 @@ def curve_factor(curves: dict, op: str, choice: str, domain: str, nbytes: float)
     """runtime.comm.nccl_bw_curve's factor for op / "algorithm/protocol" / domain (1 if none)."""
     knots = ((curves.get(op) or {}).get(choice) or {}).get(domain)
     return curve_value(knots, nbytes) if knots else 1.0
-
-
-# NCCL's ring search across nodes (src/graph/search.cc, ncclTopoCompute, the same from v2.18.3 to
-# v2.21.5): each channel's speed is the first of these (GB/s) that fits the path to a NIC,
-# Hopper's list for compute capability 9.0
-RING_SPEEDS_INTER = (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0,
-                     3.0, 2.4, 1.2, 0.24, 0.12)
-RING_SPEEDS_INTER_SM90 = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
-                          3.0, 2.4, 1.2, 0.24, 0.12)
-MAX_CHANNELS = 32  # NCCL's MAXCHANNELS (src/include/device.h)
-
-
-def ring_channels(nics: int, nic_Gbps: float, gpus_per_node: int, sm90: bool) -> int:
-    """How many channels NCCL's rings across nodes get on a node with `nics` NICs of `nic_Gbps`
-    (NVIDIA/nccl src/graph/search.cc and connect.cc, v2.18.3-v2.21.5): one ring channel per NIC
-    (each channel's speed the first of RING_SPEEDS_INTER under the NIC's GB/s, a NIC holds one),
-    at most one per GPU; `ncclTopoDupChannels` doubles them when that speed is 25 GB/s or more,
-    except on Hopper (compute capability > 8.0) below 50 GB/s with more than 4 channels; then
-    `ncclTopoPostset` (connect.cc) doubles them again. So 8 NICs of 200 or 400 Gb/s give 16
-    channels, 4 NICs of 100 or 200 Gb/s 8. Each channel runs one CUDA block on one SM while a
-    collective runs (`runtime.comm.sm_share` = channels / SMs)."""
-    if nics < 1 or nic_Gbps <= 0:
-        raise ValueError(f"a ring across nodes needs a NIC: nics={nics}, nic_Gbps={nic_Gbps}")
-    speeds = RING_SPEEDS_INTER_SM90 if sm90 else RING_SPEEDS_INTER
-    speed = next((v for v in speeds if v <= nic_Gbps / 8.0), speeds[-1])
-    n = min(nics, gpus_per_node)
-    if speed >= 25.0 and not (sm90 and speed < 50.0 and n > 4):
-        n = min(2 * n, MAX_CHANNELS)
-    return min(2 * n, MAX_CHANNELS)
 
 
 def nccl_model(hw: Hardware, comm) -> NcclModel:

@@ -95,7 +95,10 @@ class CommRuntime:
     nccl_version: str = param(
         "2.23", pattern=r"^[0-9]+(\.[0-9]+)+$",
         doc="NCCL release like 2.23 (decides which algorithms exist: PAT from 2.23)")
-    nccl_channels: int = param(16, ge=1, doc="NCCL channels (per-channel protocol caps)")
+    nccl_channels: Annotated[int, Field(ge=1)] | Literal["auto"] = param(
+        16, doc="NCCL channels (per-channel protocol caps); auto: NCCL's ring channels across "
+        "nodes from the cluster's NICs (simfed/spec/nccl_channels.py: 16 on 8 NICs of 200-400 "
+        "Gb/s, 8 on 4 NICs of 100-200 Gb/s)")
     nvls_allreduce_gain: float = param(
         1.30, gt=0, doc="NVLS all-reduce bus bandwidth / ring's inside an NVSwitch node")
     nccl_algorithms: tuple[Literal["ring", "tree", "pat", "nvls"], ...] = param(
@@ -109,10 +112,11 @@ class CommRuntime:
         "the first and last knot; the chosen protocol's bandwidth is multiplied by it (not the "
         "latency). Fitted from nccl-tests output by `simfed calibrate` "
         "(simfed/calibration/nccl_tests.py); missing: 1")
-    sm_share: float = param(
-        0.0, ge=0, le=1, doc="share of a GPU's compute a running NCCL kernel takes from kernels "
+    sm_share: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = param(
+        0.0, doc="share of a GPU's compute a running NCCL kernel takes from kernels "
         "overlapping it (its channels' SMs and HBM traffic); compute overlapped by FSDP's "
-        "collectives runs 1 / (1 - sm_share x overlapped share) slower")
+        "collectives runs 1 / (1 - sm_share x overlapped share) slower; auto: nccl_channels / "
+        "cluster.node.gpu.sms (one block on one SM per channel), rounded to 0.001")
     overlap_compute: bool = param(
         True, doc="communication runs on its own streams (GPUs); false: collectives block the "
         "rank, as gloo's do on CPU")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .algorithms import ALGORITHMS, algorithm_info
@@ -26,6 +26,8 @@ from .cluster import (  # noqa: F401 - re-exported: the scenario's names live he
 )
 from .limits import MAX_EMULATED_RANKS, MAX_WORLD
 from .model import ModelSpec
+from .nccl_channels import gpu_arch, ring_channels
+from .nccl_channels import sm_share as channel_sm_share
 from .overrides import set_dotted
 from .plan import ParallelPlan
 from .runtime import (  # noqa: F401 - re-exported
@@ -396,6 +398,7 @@ class Scenario:
             raise SpecError(f"stragglers.jitter.sigma: a uniform half-width must be < 1 (a "
                             f"compute factor 1 +- sigma stays positive), got "
                             f"{self.stragglers.jitter.sigma}")
+        self._resolve_channels()
         self._check_validation()
         self._check_float8()
         self._check_island()
@@ -414,6 +417,28 @@ class Scenario:
         for g in self.stragglers.slow_gpus:
             if g.rank >= world:
                 raise SpecError(f"stragglers: rank {g.rank} does not exist ({world} GPUs)")
+
+    def _resolve_channels(self) -> None:
+        """runtime.comm.nccl_channels / sm_share `auto`: NCCL's ring channels across nodes from
+        the cluster's NICs, and the SMs they hold (simfed/spec/nccl_channels.py)."""
+        comm = self.runtime.comm
+        if comm.nccl_channels != "auto" and comm.sm_share != "auto":
+            return
+        node = self.cluster.node
+        channels = comm.nccl_channels
+        if channels == "auto":
+            channels = ring_channels(node.nics.count, node.nics.bw_Gbps, node.gpus,
+                                     gpu_arch(node.gpu.name) == "hopper")
+        share = comm.sm_share
+        if share == "auto":
+            if node.gpu.sms < 1:
+                raise SpecError(f"runtime.comm.sm_share: auto is {channels} channels over the "
+                                f"GPU's SMs, and cluster.node.gpu.sms is {node.gpu.sms}; give "
+                                "the SM count (A100 108, H100 SXM 132) or a number")
+            share = channel_sm_share(channels, node.gpu.sms)
+        runtime = replace(self.runtime, comm=replace(comm, nccl_channels=channels,
+                                                     sm_share=share))
+        object.__setattr__(self, "runtime", runtime)
 
     def _check_island(self) -> None:
         f = self.cluster.fabric

@@ -395,8 +395,23 @@ def _first(errors: list[dict], root: Any, prefix: str) -> str:
     return _message(first, root, prefix)
 
 
+def _bounds(tp: Any) -> str:
+    """The bounds an Annotated type's metadata sets, in words (" >= 1", " from 0 to 1")."""
+    lo = hi = None
+    while get_origin(tp) is Annotated:
+        for m in tp.__metadata__:
+            for c in (*getattr(m, "metadata", ()), m):
+                lo = getattr(c, "ge", None) if getattr(c, "ge", None) is not None else lo
+                hi = getattr(c, "le", None) if getattr(c, "le", None) is not None else hi
+        tp = get_args(tp)[0]
+    if lo is not None and hi is not None:
+        return f" from {_fmt(lo)} to {_fmt(hi)}"
+    return f" >= {_fmt(lo)}" if lo is not None else f" <= {_fmt(hi)}" if hi is not None else ""
+
+
 def _describe(tp: Any) -> str:
     """What a value of type `tp` is, in a few words (for union errors)."""
+    bounds = _bounds(tp)
     tp = _unwrap(tp)
     if get_origin(tp) is Literal:
         return f"one of {', '.join(map(str, get_args(tp)))}"
@@ -405,7 +420,7 @@ def _describe(tp: Any) -> str:
     if get_origin(tp) is dict or _model_of(tp) is not None:
         return "a mapping"
     return {bool: "true or false", int: "an integer", float: "a number",
-            str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+            str: "a string"}.get(tp, getattr(tp, "__name__", str(tp))) + bounds
 
 
 def _message(err: dict, root: Any, prefix: str) -> str:
