@@ -53,6 +53,8 @@ def test_auto_resolves_from_the_cluster_and_a_number_stays():
      "or one of auto, got 1.5"),
     ({"runtime.comm.sm_share": "auto", "cluster.node.gpu.sms": 0},
      "runtime.comm.sm_share: auto is 8 channels over the GPU's SMs, and cluster.node.gpu.sms is 0"),
+    ({"runtime.comm.sm_share": "auto", "cluster.node.gpu.sms": 8},
+     "runtime.comm.sm_share: auto gives 8 channels over 8 SMs = 1; a collective's kernels"),
 ])
 def test_bad_channel_settings_are_one_line(override, words):
     with pytest.raises(SpecError) as exc:

@@ -436,6 +436,10 @@ class Scenario:
                                 f"GPU's SMs, and cluster.node.gpu.sms is {node.gpu.sms}; give "
                                 "the SM count (A100 108, H100 SXM 132) or a number")
             share = channel_sm_share(channels, node.gpu.sms)
+            if share > 0.99:
+                raise SpecError(f"runtime.comm.sm_share: auto gives {channels} channels over "
+                                f"{node.gpu.sms} SMs = {share:g}; a collective's kernels cannot "
+                                "hold the whole GPU: give a number below 0.99")
         runtime = replace(self.runtime, comm=replace(comm, nccl_channels=channels,
                                                      sm_share=share))
         object.__setattr__(self, "runtime", runtime)
