@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from ..hardware import Hardware
-from ..spec.nccl_channels import gpu_arch, ring_channels  # noqa: F401 - re-exported
+from ..spec.nccl_channels import gpu_arch
 from ..spec.schema import SpecError
 
 PROTOCOLS = ("LL", "LL128", "Simple")

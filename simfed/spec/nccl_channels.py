@@ -38,7 +38,7 @@ def ring_channels(nics: int, nic_Gbps: float, gpus_per_node: int, sm90: bool) ->
     return min(2 * n, MAX_CHANNELS)
 
 
-def sm_share(channels: int, sms: int) -> float:
+def channel_sm_share(channels: int, sms: int) -> float:
     """The share of the GPU's SMs a running collective holds: one CUDA block on one SM per
     channel (NCCL docs, NCCL_MIN_NCHANNELS), rounded to 0.001."""
     return round(channels / sms, 3)

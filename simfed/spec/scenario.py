@@ -26,8 +26,7 @@ from .cluster import (  # noqa: F401 - re-exported: the scenario's names live he
 )
 from .limits import MAX_EMULATED_RANKS, MAX_WORLD
 from .model import ModelSpec
-from .nccl_channels import gpu_arch, ring_channels
-from .nccl_channels import sm_share as channel_sm_share
+from .nccl_channels import channel_sm_share, gpu_arch, ring_channels
 from .overrides import set_dotted
 from .plan import ParallelPlan
 from .runtime import (  # noqa: F401 - re-exported
