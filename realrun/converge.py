@@ -59,6 +59,14 @@ from .optimizer import lr_factor
 SCHEMA = "realrun.converge/1"
 
 
+def clip_per_group(grads: tuple[torch.Tensor, ...], max_norm: float) -> tuple[torch.Tensor, ...]:
+    """clip_grad_norm_ for each group of stacked gradients (leading dimension G): every
+    group's gradients scaled to total norm `max_norm` at most, as its own run would."""
+    sq = sum(g.float().reshape(g.shape[0], -1).pow(2).sum(1) for g in grads)
+    coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    return tuple(g * coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) for g in grads)
+
+
 @dataclass(frozen=True)
 class Curve:
     """One emulated run: per-step training loss (mean over groups) and evaluation points."""
@@ -131,7 +139,8 @@ class GroupedTrainer:
         t = self.t
         if t.optimizer == "adamw":
             return torch.optim.AdamW(self.params, lr=t.lr, betas=t.betas,
-                                     weight_decay=t.weight_decay, foreach=True)
+                                     weight_decay=t.weight_decay,
+                                     foreach=t.optimizer_kernels != "per_param")
         return torch.optim.SGD(self.params, lr=t.lr, weight_decay=t.weight_decay)
 
     def _loss(self, params: tuple[torch.Tensor, ...], inputs: torch.Tensor,
@@ -245,6 +254,8 @@ class GroupedTrainer:
                 grads, losses = self.ring_grads(tok)
             else:
                 grads, losses = self._grad(tuple(self.params), tok[..., :-1], tok[..., 1:])
+            if self.t.grad_clip > 0:
+                grads = clip_per_group(grads, self.t.grad_clip)
             for p, g in zip(self.params, grads, strict=True):
                 p.grad = g
             self.opt.step()

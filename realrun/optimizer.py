@@ -21,13 +21,29 @@ def lr_factor(step: int, t: TrainingSpec) -> float:
                            schedule=t.lr_schedule)
 
 
+def adamw_kernels(t: TrainingSpec, device: torch.device) -> dict[str, bool]:
+    """torch.optim.AdamW's implementation for `training.optimizer_kernels`: fused (on CUDA; the
+    multi-tensor path on CPU), foreach, or per_param (the per-parameter loop)."""
+    if t.optimizer_kernels == "fused" and device.type == "cuda":
+        return {"fused": True}
+    return {"foreach": t.optimizer_kernels != "per_param"}
+
+
+def clip_gradients(params: list[torch.Tensor], t: TrainingSpec) -> None:
+    """`training.grad_clip` > 0: scale the gradients to that total norm at most
+    (torch.nn.utils.clip_grad_norm_; FSDP2's DTensor gradients reduce their norm over their
+    mesh, so each federation group clips on its own)."""
+    if t.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+
+
 def build_optimizer(model: nn.Module, t: TrainingSpec, device: torch.device
                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     params = list(model.parameters())
     if t.optimizer == "adamw":
-        fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
         opt: torch.optim.Optimizer = torch.optim.AdamW(
-            params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay, **fast
+            params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay,
+            **adamw_kernels(t, device)
         )
     else:
         opt = torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)

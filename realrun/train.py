@@ -61,7 +61,7 @@ from .errors import (
 from .fedavg import FedAvg, local_shards
 from .mesh import Mesh, Placement, init_process_group
 from .model import Llama, next_token_loss
-from .optimizer import build_optimizer
+from .optimizer import build_optimizer, clip_gradients
 from .sharding import shard_model
 from .summary import write_outputs
 from .tracing import Tracer, host_facts
@@ -156,6 +156,7 @@ class Trainer:
         self.params = sum(p.numel() for p in self.model.parameters())
         self.sharding = shard_model(self.model, self.mesh.model_mesh(), self.algo)
         self.opt, self.sched = build_optimizer(self.model, self.training, device)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.fedavg = None
         a = self.algo
         # FL variants (simfed.engine.variants; realrun.fedavg's module note): a timed round
@@ -254,6 +255,7 @@ class Trainer:
                     with tracer.phase_span("backward"):
                         loss.backward()
                     with tracer.phase_span("optimizer"):
+                        clip_gradients(self.trainable, t)
                         self.opt.step()
                         self.sched.step()
                         self.opt.zero_grad(set_to_none=True)

@@ -47,6 +47,39 @@ from .spec.model import ModelSpec, UnitSpec
 from .spec.scenario import ComputeRuntime, TrainingSpec
 from .spec.units import dtype_nbytes
 
+# Bytes per element of the local shard that each kernel of an optimizer step moves, AdamW with
+# decoupled weight decay, the sharded parameter (p), its gradient (g) and both moments (s) in
+# training.optimizer_state_dtype (FSDP hands the optimizer its fp32 master shards and their
+# gradients under mixed precision; pure bf16 keeps all of them in bf16):
+# - fused: one kernel reads p, g, m, v and writes p, m, v (torch AdamW fused=True, DeepSpeed
+#   FusedAdam, XLA's fusion).
+# - foreach: torch.optim.AdamW's default on GPUs (torch/optim/adamw.py `_multi_tensor_adamw`,
+#   torch 2.1-2.5; adam.py `_multi_tensor_adam` with decoupled weight decay since 2.6):
+#   _foreach_mul_(params) 2p, _foreach_lerp_(m, g) 2s+g, _foreach_mul_(v) 2s,
+#   _foreach_addcmul_(v, g, g) 2s+2g, _foreach_sqrt(v) into a temporary 2s, _foreach_div_ 2s,
+#   _foreach_add_(eps) 2s, _foreach_addcdiv_(p, m, temporary) 2p+2s.
+# - per_param: Composer's DecoupledAdamW.adamw (composer/optim/decoupled_weight_decay.py,
+#   v0.13-v0.17), a loop over the parameters: param.mul_ 2p, exp_avg.mul_ 2s, .add_(grad) 2s+g,
+#   exp_avg_sq.mul_ 2s, .addcmul_(grad, grad) 2s+2g, sqrt 2s, / 2s, .add_(eps) 2s,
+#   param.addcdiv_ 2p+2s.
+# Gradient clipping (training.grad_clip > 0; torch clip_grad_norm_, FSDP's clip_grad_norm_): the
+# norm reads g, the scaling reads and writes g: 3g in two kernels.
+# SGD: reads param and grad, writes param (3 x the model dtype).
+_ADAMW_BYTES = {"fused": (2, 1, 4, 1), "foreach": (4, 3, 13, 8), "per_param": (4, 3, 14, 9)}
+
+
+def optimizer_bytes_per_param(model: ModelSpec, train: TrainingSpec) -> tuple[float, int]:
+    """(bytes per element of the local shard, kernels) of one optimizer step, gradient clipping
+    included: the kernel sequences above."""
+    if train.optimizer != "adamw":
+        return 3.0 * model.dtype_nbytes, 1
+    s = dtype_nbytes(train.optimizer_state_dtype)
+    n_p, n_g, n_s, kernels = _ADAMW_BYTES[train.optimizer_kernels]
+    nbytes = float(n_p * s + n_g * s + n_s * s)
+    if train.grad_clip > 0:
+        nbytes, kernels = nbytes + 3 * s, kernels + 2
+    return nbytes, kernels
+
 
 def gathered_nbytes(model: ModelSpec | None, unit: UnitSpec, float8: str = "none",
                     float8_all_gather: bool = True) -> int:
@@ -179,13 +212,16 @@ class ComputeModel:
                     else ks["residual add"].time_s)  # compiled: the last region alone
         return ks["mlp down"].time_s + residual + 2 * self.rt.kernel_gap_us * 1e-6
 
-    def optimizer_s(self, shard_params: float, model: ModelSpec, train: TrainingSpec) -> float:
-        """AdamW over the local shard reads param, grad, m, v and writes param, m, v
-        (SGD: reads param and grad, writes param)."""
-        p = model.dtype_nbytes
-        s = dtype_nbytes(train.optimizer_state_dtype)
-        per_param = 2 * p + p + 4 * s if train.optimizer == "adamw" else 3 * p
-        return shard_params * per_param / (self.hw.hbm_Bps * self.rt.optimizer_hbm_efficiency)
+    def optimizer_s(self, shard_params: float, model: ModelSpec, train: TrainingSpec,
+                    tensors: int = 1) -> float:
+        """The optimizer step over the local shard (and gradient clipping before it): the bytes
+        its kernels move (`optimizer_bytes_per_param`) at `optimizer_hbm_efficiency`, plus a
+        `kernel_gap_us` per kernel (`tensors`: parameter tensors in the shard, for the
+        per-parameter loop)."""
+        nbytes, kernels = optimizer_bytes_per_param(model, train)
+        launches = kernels * (tensors if train.optimizer_kernels == "per_param" else 1)
+        return (shard_params * nbytes / (self.hw.hbm_Bps * self.rt.optimizer_hbm_efficiency)
+                + launches * self.rt.kernel_gap_us * 1e-6)
 
     @staticmethod
     def interference(compute_s: float, overlapped_comm_s: float, sm_share: float) -> float:

@@ -208,3 +208,40 @@ def test_learned_positions_and_triton_views_drop_rope_and_layout_copies():
     # the learned table is read and added at the root: 3 more t x d passes than the gather
     emb = {k.name: k for k in cm.unit_kernels(learned.units(4096)[0], "forward")}["embedding"]
     assert emb.nbytes == (2 + 3) * 8192 * 4096 * 2
+
+
+def _train(**kw) -> TrainingSpec:
+    return TrainingSpec(seq_len=4096, micro_batch=1, steps=1, **kw)
+
+
+@pytest.mark.parametrize(("kernels", "state", "nbytes", "launches"), [
+    # fused: read p, g, m, v, write p, m, v
+    ("fused", "fp32", 28, 1), ("fused", "bf16", 14, 1),
+    # torch's _multi_tensor_adamw: 8 passes, 4p + 3g + 13s; Composer's loop: 9, 4p + 3g + 14s
+    ("foreach", "fp32", 80, 8), ("per_param", "fp32", 84, 9), ("foreach", "bf16", 40, 8),
+])
+def test_optimizer_bytes_follow_the_kernels_each_implementation_launches(
+        kernels, state, nbytes, launches):
+    from simfed.compute import optimizer_bytes_per_param
+
+    t = _train(optimizer_kernels=kernels, optimizer_state_dtype=state)
+    assert optimizer_bytes_per_param(MODEL, t) == (nbytes, launches)
+    # clipping adds the norm's read and the scaling's read and write of the gradient
+    clipped = replace(t, grad_clip=1.0)
+    s = 4 if state == "fp32" else 2
+    assert optimizer_bytes_per_param(MODEL, clipped) == (nbytes + 3 * s, launches + 2)
+    # SGD has no moments: param and grad read, param written, whatever the kernels
+    assert optimizer_bytes_per_param(MODEL, replace(t, optimizer="sgd"))[0] == 3 * 2
+
+
+def test_optimizer_time_is_bytes_at_hbm_plus_a_gap_per_launch():
+    rt = replace(RT, optimizer_hbm_efficiency=0.5, kernel_gap_us=3.0)
+    cm = _cm(rt=rt)
+    shard = 1e9
+    fused = cm.optimizer_s(shard, MODEL, _train(optimizer_state_dtype="fp32"), tensors=100)
+    assert fused == pytest.approx(shard * 28 / (2000e9 * 0.5) + 3e-6)
+    loop = cm.optimizer_s(shard, MODEL, _train(optimizer_state_dtype="fp32",
+                                               optimizer_kernels="per_param"), tensors=100)
+    # the per-parameter loop launches its nine kernels for every tensor of the shard
+    assert loop == pytest.approx(shard * 84 / (2000e9 * 0.5) + 900 * 3e-6)
+    assert loop / fused > 84 / 28 * 0.99

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from ..compute import optimizer_bytes_per_param as _optimizer_bytes
 from ..spec.scenario import Scenario
 from ..spec.stats import expected_max_normal
-from ..spec.units import dtype_nbytes
 from .fit_comm import fit_comm
 from .result import (
     MIN_REL_SCATTER,
@@ -122,10 +122,10 @@ def fit_units(samples: Samples, scn: Scenario | None = None) -> FitResult:
     return res
 
 
-def optimizer_bytes_per_param(scn: Scenario) -> int:
-    p = scn.model.dtype_nbytes
-    s = dtype_nbytes(scn.training.optimizer_state_dtype)
-    return 2 * p + p + 4 * s if scn.training.optimizer == "adamw" else 3 * p
+def optimizer_bytes_per_param(scn: Scenario) -> float:
+    """The bytes per shard element the scenario's optimizer step moves
+    (`simfed.compute.optimizer_bytes_per_param`: its kernels, gradient clipping included)."""
+    return _optimizer_bytes(scn.model, scn.training)[0]
 
 
 def fit_optimizer(scn: Scenario, samples: Samples) -> FitResult:

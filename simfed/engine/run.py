@@ -87,7 +87,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
         backward_s=bwd,
         unit_nbytes=tuple(u.nbytes for u in units),
         gather_nbytes=tuple(cm.gathered_nbytes(u) for u in units),
-        optimizer_s=(cm.optimizer_s(shard_params, model, train)
+        optimizer_s=(cm.optimizer_s(shard_params, model, train, tensors=len(units))  # flat params
                      + us_to_s(rt.optimizer_overhead_us)) / train.grad_accum,
         shard=plan.shard, replicate=plan.replicate, groups=plan.groups,
         reduce_factor=dtype_nbytes(train.reduce_dtype or model.dtype) / model.dtype_nbytes,

@@ -69,7 +69,19 @@ class TrainingSpec:
     dataset_sequences: int = param(0, ge=0, doc="sequences in one epoch (0 = steps x world batch)")
     eval_sequences: int = param(0, ge=0)
     optimizer: str = param("adamw", choices=("adamw", "sgd"))
-    optimizer_state_dtype: str = param("bf16", choices=("bf16", "fp32"))
+    optimizer_state_dtype: str = param(
+        "bf16", choices=("bf16", "fp32"),
+        doc="AdamW's moments; the sharded parameters and gradients the optimizer updates are "
+        "held in the same dtype (FSDP's fp32 master shards under mixed precision)")
+    optimizer_kernels: str = param(
+        "fused", choices=("fused", "foreach", "per_param"),
+        doc="the kernels the optimizer step launches: fused (one kernel, torch AdamW "
+        "fused=True, DeepSpeed FusedAdam, XLA), foreach (torch.optim.AdamW's default on GPUs: "
+        "eight multi-tensor passes and a temporary), per_param (a Python loop of nine kernels "
+        "per parameter tensor, Composer's DecoupledAdamW). docs/model.md, 'Optimizer step'")
+    grad_clip: float = param(
+        0.0, ge=0, doc="max gradient norm (clip_grad_norm_) before the optimizer; 0 = none. "
+        "The simulator charges its passes over the local gradient shard (the norm, the scaling)")
     lr: float = param(3e-4, gt=0)
     warmup_steps: int = param(0, ge=0)
     lr_schedule: str = param("cosine", choices=("cosine", "constant"))

@@ -185,3 +185,35 @@ def test_nesterov_outer_step_is_diloco_s_on_the_mean_delta():
     tr1.run()
     for p, m in zip(tr1.params, mean, strict=True):
         torch.testing.assert_close(p[0], m, rtol=1e-5, atol=1e-6)
+
+
+def test_grad_clip_clips_each_group_as_its_own_run_would():
+    from realrun.converge import clip_per_group
+
+    g = (torch.tensor([[3.0, 0.0], [0.3, 0.0]]), torch.tensor([[[4.0]], [[0.4]]]))
+    a, b = clip_per_group(g, 1.0)
+    # group 0's norm is 5: scaled to 1; group 1's is 0.5: untouched
+    torch.testing.assert_close(a, torch.tensor([[0.6, 0.0], [0.3, 0.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(b, torch.tensor([[[0.8]], [[0.4]]]), atol=1e-6, rtol=0)
+    # FSDP with a small max norm learns differently from FSDP without it; FL with one group
+    # and clipping is FSDP with clipping
+    clipped = scenario(training__grad_clip=0.01, algorithms__fl_fsdp__group_nodes=4)
+    fsdp, fl = run(clipped, "fsdp"), run(clipped, "fl_fsdp")
+    assert fl.train_loss == fsdp.train_loss
+    assert fsdp.train_loss != run(scenario(), "fsdp").train_loss
+
+
+def test_optimizer_kernels_pick_torch_s_adamw_implementation():
+    from realrun.optimizer import adamw_kernels
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert adamw_kernels(scenario().training, cuda) == {"fused": True}
+    assert adamw_kernels(scenario().training, cpu) == {"foreach": True}
+    assert adamw_kernels(scenario(training__optimizer_kernels="foreach").training,
+                         cuda) == {"foreach": True}
+    assert adamw_kernels(scenario(training__optimizer_kernels="per_param").training,
+                         cuda) == {"foreach": False}
+    # the per-parameter loop computes the same update as the multi-tensor one
+    loop = run(scenario(training__optimizer_kernels="per_param"), "fl_fsdp")
+    np.testing.assert_allclose(loop.train_loss, run(scenario(), "fl_fsdp").train_loss,
+                               rtol=1e-5)

@@ -266,3 +266,14 @@ def test_converge_emulator_reproduces_the_real_runs_losses(four, name):
     assert np.exp(curve.eval_loss[-1]) == pytest.approx(real["eval_perplexity"], rel=1e-5)
     assert np.exp(curve.eval_loss[0]) == pytest.approx(real["untrained_eval_perplexity"],
                                                        rel=1e-5)
+
+
+def test_grad_clip_under_fsdp2_clips_the_whole_model_s_norm(four, tmp_path):
+    """training.grad_clip on the real gloo runs: clip_grad_norm_ over FSDP2's DTensor gradients
+    takes each group's whole-model norm (HSDP's replicas and shards together give FSDP's
+    losses), and a small max norm changes what is learned."""
+    res = realrun(tmp_path, "--algorithm", "fsdp,hsdp", "--set", "training.grad_clip=0.05")
+    assert res.returncode == 0, res.stdout + res.stderr
+    fsdp, hsdp = summary(tmp_path, "fsdp"), summary(tmp_path, "hsdp")
+    assert hsdp["train_loss"] == pytest.approx(fsdp["train_loss"], rel=1e-5)
+    assert fsdp["train_loss"] != pytest.approx(summary(four, "fsdp")["train_loss"], rel=1e-4)
