@@ -20,7 +20,7 @@ def _shipped(scenario: str) -> float:
                   "scale-modalities-leonardo-2.7b-hybrid.yaml",
                   "scale-modalities-leonardo-6.7b-hybrid.yaml"), (37.5, 43.75, 50.0)),
     ("mn5", ("scale-modalities-mn5-2.7b.yaml", "scale-modalities-mn5-6.7b-hybrid.yaml"),
-     (9.375, 12.5, 15.625)),
+     (3.125, 6.25, 9.375)),
 ])
 def test_the_shipped_value_is_the_fit_rules_choice(machine, scenarios, grid):
     pts, best = scan(machine, grid)
@@ -75,20 +75,36 @@ def test_a_missing_folder_is_one_line(tmp_path, capsys):
     assert "error:" in err.strip().splitlines()[-1] and "cases.yaml" in err.strip().splitlines()[-1]
 
 
-def test_the_island_term_the_fit_rule_chooses_is_documented_and_off():
-    """MareNostrum 5's island term (fabric.loaded_step_island_us over its 160-node islands): on
-    the fit studies the rule picks none, each step of the grid fitting their curves worse; the
-    shipped cluster file names the choice and keeps the term off (docs/accuracy.md)."""
-    from simfed.calibration.loaded_step import ISLAND_KEY
+def test_the_island_term_is_the_joint_rules_choice_and_documented():
+    """MareNostrum 5's island term (fabric.loaded_step_island_us over its 160-node islands),
+    fitted with the loaded step: at the shipped loaded step the island grid's best is the
+    shipped value, each neighbour fitting the fit studies' curves worse, and no island term is
+    clearly worse; the joint scan over a neighbourhood of both picks the shipped pair; the
+    cluster file names the command."""
+    from simfed.calibration.loaded_step import ISLAND_KEY, scan_joint
 
-    pts, best = scan("mn5", (0.0, 3.125, 6.25, 9.375), key=ISLAND_KEY)
-    assert best.value_us == 0.0
-    assert [round(p.mean_abs, 3) for p in pts] == sorted(round(p.mean_abs, 3) for p in pts)
-    assert pts[1].mean_abs > pts[0].mean_abs + 0.004
     fabric = load_scenario(DEFAULT_DIR / "scale-modalities-mn5-2.7b.yaml", {}).cluster.fabric
-    assert (fabric.nodes_per_island, fabric.loaded_step_island_us) == (160, 0.0)
+    assert (fabric.nodes_per_island, fabric.loaded_step_us,
+            fabric.loaded_step_island_us) == (160, 6.25, 6.25)
+    pts, best = scan("mn5", (0.0, 3.125, 6.25, 9.375), key=ISLAND_KEY)
+    assert best.value_us == 6.25 and pts[0].mean_abs > best.mean_abs + 0.01
+    jpts, jbest = scan_joint("mn5", (3.125, 6.25), (6.25, 9.375))
+    assert len(jpts) == 4 and (jbest.value_us, jbest.island_us) == (6.25, 6.25)
     text = (DEFAULT_DIR / "clusters" / "marenostrum5-acc.yaml").read_text()
-    assert "0 us by the same rule" in text
+    assert "loaded_step mn5 --joint" in text
+
+
+def test_joint_scan_cli_prints_every_pair_and_refuses_bad_grids(capsys):
+    from simfed.calibration.loaded_step import main
+
+    main(["mn5", "--joint", "--grid", "6.25", "--island-grid", "0,6.25"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 3 and out[-1] == "chosen: 6.25 us, island 6.25 us"
+    with pytest.raises(SystemExit) as exc:
+        main(["mn5", "--joint", "--island-grid", "1,x"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--island-grid: comma-separated numbers in us, got 1,x" in err
 
 
 def test_the_island_fit_on_a_machine_without_islands_is_one_line(capsys):

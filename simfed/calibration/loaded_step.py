@@ -13,9 +13,12 @@ published at the smallest count) - 1. The chosen value has the smallest mean |sc
 error| (ties: the smaller median, then the smaller value). The curve, not the absolute error, is
 the criterion: the term is a scale loss, and the level of each study is the compute model's.
 
+`--joint` fits the loaded step and the island term of a machine with islands together, the
+same rule over every pair of the two grids.
+
 The shipped values (docs/accuracy.md, "Fourth check") came from this rule on the fit set:
-Leonardo on the 6.25 us grid 0-100, MareNostrum 5 on the 3.125 us grid 0-25, and MareNostrum 5's
-island term (its scenarios' other term fixed) on the 3.125 us grid 0-25.
+Leonardo on the 6.25 us grid 0-100; MareNostrum 5's two terms jointly, each on the 3.125 us grid
+0-25 (`mn5 --joint`).
 
 `--extrapolate SHARE` asks whether a cluster's small runs pin the term: each study alone, fitted
 by the same rule on its GPU counts up to SHARE of its largest, its loss to the largest count
@@ -68,11 +71,13 @@ def study_cases(machine: str, which: str = "fit", folder: Path = DEFAULT_DIR
 
 
 def curve_errors(studies: dict[str, list[dict[str, Any]]], value_us: float,
-                 folder: Path = DEFAULT_DIR, key: str = KEY) -> list[float]:
-    """Every non-base point's scale-curve error at one value of the term `key`."""
+                 folder: Path = DEFAULT_DIR, key: str = KEY,
+                 also: dict[str, Any] | None = None) -> list[float]:
+    """Every non-base point's scale-curve error at one value of the term `key` (and the
+    overrides `also`)."""
     out = []
     for cases in studies.values():
-        rows = [predict_case(folder, c, {key: value_us}) for c in cases]
+        rows = [predict_case(folder, c, {key: value_us, **(also or {})}) for c in cases]
         base = rows[0]
         out += [(r["predicted"] / base["predicted"]) / (r["published"] / base["published"]) - 1
                 for r in rows[1:]]
@@ -95,6 +100,33 @@ def _fit(studies: dict[str, list[dict[str, Any]]], grid: tuple[float, ...], fold
         a = [abs(e) for e in curve_errors(studies, v, folder, key)]
         pts.append(Point(v, statistics.mean(a), statistics.median(a), max(a), len(a)))
     best = min(pts, key=lambda p: (round(p.mean_abs, 3), round(p.median_abs, 3), p.value_us))
+    return pts, best
+
+
+@dataclass(frozen=True)
+class JointPoint:
+    value_us: float
+    island_us: float
+    mean_abs: float
+    median_abs: float
+    worst_abs: float
+    points: int
+
+
+def scan_joint(machine: str, grid: tuple[float, ...] | None = None,
+               island_grid: tuple[float, ...] | None = None, which: str = "fit",
+               folder: Path = DEFAULT_DIR) -> tuple[list[JointPoint], JointPoint]:
+    """Both terms of a machine with islands at once, the same rule over every pair of the two
+    grids (loaded step x island term): fitted one after the other, each stops where the other
+    was left."""
+    studies = study_cases(machine, which, folder)
+    pts = []
+    for v in grid or GRIDS.get(machine, DEFAULT_GRID):
+        for w in island_grid or ISLAND_GRID:
+            a = [abs(e) for e in curve_errors(studies, v, folder, KEY, {ISLAND_KEY: w})]
+            pts.append(JointPoint(v, w, statistics.mean(a), statistics.median(a), max(a), len(a)))
+    best = min(pts, key=lambda p: (round(p.mean_abs, 3), round(p.median_abs, 3), p.value_us,
+                                   p.island_us))
     return pts, best
 
 
@@ -137,6 +169,18 @@ def extrapolate(machine: str, grid: tuple[float, ...] | None = None, which: str 
     return out
 
 
+def _grid(text: str | None, flag: str) -> tuple[float, ...] | None:
+    if not text:
+        return None
+    try:
+        grid = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag}: comma-separated numbers in us, got {text}") from None
+    if any(v < 0 for v in grid):
+        raise ValueError(f"{flag}: values must be >= 0 us, got {text}")
+    return grid
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m simfed.calibration.loaded_step",
                                  description=__doc__.split("\n\n")[0])
@@ -152,12 +196,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--island", action="store_true",
                     help="fit cluster.fabric.loaded_step_island_us (the latency a collective over "
                     "more than one island adds per step) instead")
+    ap.add_argument("--joint", action="store_true",
+                    help="fit the loaded step and the island term together (every pair of --grid "
+                    "and --island-grid)")
+    ap.add_argument("--island-grid", help="comma-separated island-term values in us for --joint "
+                    "(default: 0-25 by 3.125)")
     a = ap.parse_args(argv)
     try:
-        grid = tuple(float(x) for x in a.grid.split(",")) if a.grid else None
-        if grid is not None and any(v < 0 for v in grid):
-            raise ValueError(f"--grid: values must be >= 0 us, got {a.grid}")
-        if a.extrapolate is not None:
+        grid = _grid(a.grid, "--grid")
+        island_grid = _grid(a.island_grid, "--island-grid")
+        if a.joint:
+            jpts, jbest = scan_joint(a.studies, grid, island_grid, a.which, a.folder)
+        elif a.extrapolate is not None:
             if not 0 < a.extrapolate < 1:
                 raise ValueError(f"--extrapolate: a share between 0 and 1, got {a.extrapolate}")
             rows = extrapolate(a.studies, grid, a.which, a.folder, a.extrapolate)
@@ -169,6 +219,13 @@ def main(argv: list[str] | None = None) -> None:
                              ISLAND_KEY if a.island else KEY)
     except (ValueError, SpecError) as e:
         ap.error(str(e).splitlines()[0])
+    if a.joint:
+        for q in jpts:
+            print(f"{q.value_us:7.3f} us, island {q.island_us:7.3f} us: mean |scale-curve error| "
+                  f"{100 * q.mean_abs:5.1f}%, median {100 * q.median_abs:5.1f}%, worst "
+                  f"{100 * q.worst_abs:5.1f}% over {q.points} points")
+        print(f"chosen: {jbest.value_us:g} us, island {jbest.island_us:g} us")
+        return
     if a.extrapolate is not None:
         for r in rows:
             print(f"{r.study}: fitted on {', '.join(map(str, r.fitted_on))} GPUs: "
