@@ -78,7 +78,7 @@ class TrainingSpec:
         doc="the kernels the optimizer step launches: fused (one kernel, torch AdamW "
         "fused=True, DeepSpeed FusedAdam, XLA), foreach (torch.optim.AdamW's default on GPUs: "
         "eight multi-tensor passes and a temporary), per_param (a Python loop of nine kernels "
-        "per parameter tensor, Composer's DecoupledAdamW). docs/model.md, 'Optimizer step'")
+        "per parameter tensor, Composer's DecoupledAdamW); docs/model.md")
     grad_clip: float = param(
         0.0, ge=0, doc="max gradient norm (clip_grad_norm_) before the optimizer; 0 = none. "
         "The simulator charges its passes over the local gradient shard (the norm, the scaling)")
