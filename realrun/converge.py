@@ -54,7 +54,7 @@ from .data import EVAL_STREAM, TRAIN_STREAM, Sampler, eval_sequences
 from .errors import RealrunError
 from .fedavg import outer_step
 from .model import TORCH_DTYPES, Llama, next_token_loss
-from .optimizer import lr_factor
+from .optimizer import adamw_kernels, lr_factor
 
 SCHEMA = "realrun.converge/1"
 
@@ -140,7 +140,7 @@ class GroupedTrainer:
         if t.optimizer == "adamw":
             return torch.optim.AdamW(self.params, lr=t.lr, betas=t.betas,
                                      weight_decay=t.weight_decay,
-                                     foreach=t.optimizer_kernels != "per_param")
+                                     **adamw_kernels(t, torch.device("cpu")))
         return torch.optim.SGD(self.params, lr=t.lr, weight_decay=t.weight_decay)
 
     def _loss(self, params: tuple[torch.Tensor, ...], inputs: torch.Tensor,

@@ -65,7 +65,9 @@ from .spec.units import dtype_nbytes
 # Gradient clipping (training.grad_clip > 0; torch clip_grad_norm_, FSDP's clip_grad_norm_): the
 # norm reads g, the scaling reads and writes g: 3g in two kernels.
 # SGD: reads param and grad, writes param (3 x the model dtype).
-_ADAMW_BYTES = {"fused": (2, 1, 4, 1), "foreach": (4, 3, 13, 8), "per_param": (4, 3, 14, 9)}
+# (bytes per element in units of the state dtype's size, kernels): fused 2p + g + 4s, foreach
+# 4p + 3g + 13s, per_param 4p + 3g + 14s, with p, g and s all of the state dtype.
+_ADAMW_BYTES = {"fused": (7, 1), "foreach": (20, 8), "per_param": (21, 9)}
 
 
 def optimizer_bytes_per_param(model: ModelSpec, train: TrainingSpec) -> tuple[float, int]:
@@ -74,8 +76,8 @@ def optimizer_bytes_per_param(model: ModelSpec, train: TrainingSpec) -> tuple[fl
     if train.optimizer != "adamw":
         return 3.0 * model.dtype_nbytes, 1
     s = dtype_nbytes(train.optimizer_state_dtype)
-    n_p, n_g, n_s, kernels = _ADAMW_BYTES[train.optimizer_kernels]
-    nbytes = float(n_p * s + n_g * s + n_s * s)
+    units, kernels = _ADAMW_BYTES[train.optimizer_kernels]
+    nbytes = float(units * s)
     if train.grad_clip > 0:
         nbytes, kernels = nbytes + 3 * s, kernels + 2
     return nbytes, kernels
