@@ -84,7 +84,8 @@ _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--quiet", "-q", is_flag=True, help="No table on stdout.")
 @click.option("--robustness", is_flag=True,
               help="Also simulate the scenario under each of the model's known errors "
-                   "(compute, NVLink and network collectives, GPU variation, debug checks; "
+                   "(compute, NVLink and network collectives, GPU variation, HYBRID_SHARD's "
+                   "ratio to FULL_SHARD, debug checks; "
                    "sizes from the published validation) and say whether the winner holds.")
 @_SET
 def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps: int | None,

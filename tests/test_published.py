@@ -13,8 +13,11 @@ import yaml
 from simfed.calibration.published import (
     DEFAULT_DIR,
     derive_claims,
+    derive_hybrid_over_full,
+    hybrid_pairs,
     load_cases,
     load_claims,
+    load_hybrid_over_full,
     scale_losses,
     validate_published,
 )
@@ -124,6 +127,45 @@ def test_the_claims_by_hand(result):
     per = [abs(x["difference"]) / math.log2(x["gpus"][1] / x["gpus"][0])
            for x in scale_losses(check)]
     assert c["widen"]["per_gpu_doubling"] == pytest.approx(statistics.median(per), abs=0.001)
+
+
+def test_hybrid_over_full_is_what_the_pairs_give(result):
+    """cases.yaml hybrid_over_full (what --robustness perturbs HSDP by) is derived again from a
+    fresh validation's HYBRID / FULL pairs; each pair is the same run but for the sharding."""
+    pairs = hybrid_pairs(result["cases"])
+    rows = {r["name"]: r for r in result["cases"]}
+    assert len(pairs) >= 30
+    for p in pairs:
+        h, f = rows[p["hybrid"]], rows[p["full"]]
+        assert (h["algorithm"], f["algorithm"]) == ("hsdp", "fsdp")
+        assert (h["gpus"], h["model"], h["tokens_per_gpu_step"]) == (
+            f["gpus"], f["model"], f["tokens_per_gpu_step"])
+        assert p["error"] == pytest.approx((h["predicted"] / f["predicted"])
+                                           / (h["published"] / f["published"]) - 1)
+    derived = derive_hybrid_over_full(result["cases"])
+    assert derived == load_hybrid_over_full()
+    m = derived["min_gpus"]
+    big = sorted(p["error"] for p in pairs if p["gpus"] >= m)
+    k = math.ceil(0.9 * len(big))
+    band = derived["at_scale"]
+    assert band["pairs"] == len(big)
+    assert band["over"] == pytest.approx(max(0.0, big[k - 1]), abs=0.001)
+    assert band["under"] == pytest.approx(max(0.0, -big[len(big) - k]), abs=0.001)
+    # 9 in 10 at scale lie within [-under, over], and the bounds are the tightest such
+    assert sum(not -band["under"] - 1e-9 <= e <= band["over"] + 1e-9 for e in big) <= 2 * (
+        len(big) - k)
+
+
+@pytest.mark.parametrize("text, what", [
+    ("hybrid_over_full: [1]", "hybrid_over_full: expected a mapping"),
+    ("hybrid_over_full: {at_scale: {over: -0.1, under: 0}}",
+     "hybrid_over_full.at_scale.over: expected a number from 0 to 10, got -0.1"),
+    ("hybrid_over_full: {min_gpus: 1}", "hybrid_over_full.min_gpus: expected a GPU count"),
+])
+def test_a_malformed_hybrid_over_full_is_one_clear_error(tmp_path, text, what):
+    (tmp_path / "cases.yaml").write_text("cases: []\n" + text + "\n")
+    with pytest.raises(SpecError, match=what):
+        load_hybrid_over_full(tmp_path)
 
 
 def test_scale_losses_are_smallest_to_largest(result):
