@@ -161,6 +161,8 @@ def test_hybrid_over_full_is_what_the_pairs_give(result):
     ("hybrid_over_full: {at_scale: {over: -0.1, under: 0}}",
      "hybrid_over_full.at_scale.over: expected a number from 0 to 10, got -0.1"),
     ("hybrid_over_full: {min_gpus: 1}", "hybrid_over_full.min_gpus: expected a GPU count"),
+    ("hybrid_over_full: {below: {over: 0.1, under: 0}}",
+     "hybrid_over_full.below.pairs: expected a count of 1 or more, got None"),
 ])
 def test_a_malformed_hybrid_over_full_is_one_clear_error(tmp_path, text, what):
     (tmp_path / "cases.yaml").write_text("cases: []\n" + text + "\n")

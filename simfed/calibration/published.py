@@ -267,6 +267,10 @@ def load_hybrid_over_full(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 10:
                 raise SpecError(f"{path}: hybrid_over_full.{band}.{key}: expected a number "
                                 f"from 0 to 10, got {v!r}")
+        n = b.get("pairs")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise SpecError(f"{path}: hybrid_over_full.{band}.pairs: expected a count of 1 or "
+                            f"more, got {n!r}")
     m = got.get("min_gpus", HYBRID_AT_SCALE_GPUS)
     if isinstance(m, bool) or not isinstance(m, int) or m < 2:
         raise SpecError(f"{path}: hybrid_over_full.min_gpus: expected a GPU count of 2 or more, "
