@@ -58,6 +58,12 @@ def test_each_uncovered_factor_widens_by_the_check_sets_measure_of_it():
     assert factors[0][1] == pytest.approx(doublings * w["per_gpu_doubling"])
     assert factors[1][1] == w["framework"]
     assert bound == pytest.approx(env["claims"]["p90_abs_error"] + sum(x for _, x in factors))
+    # a GPU family no validated run had: the check set's largest GPU-type distance
+    b200 = load_scenario("scenarios/h100-1024.yaml", {"cluster.node.gpu.name": "B200"})
+    bound, factors = widened(b200, env)
+    assert [t.split(" ")[0] for t, _ in factors] == ["GPU"] and factors[0][1] == w["gpu_type"]
+    assert "validated: A100, H100" in factors[0][0]
+    assert not any(x.startswith("GPU") for x in outside(b200, env))
     # memory: a run whose peak leaves less headroom than any validated run (or does not fit)
     out = {"algorithms": [{"peak_memory_bytes": 79, "memory_capacity_bytes": 80}]}
     one = load_scenario(DEFAULT_DIR / load_cases()[0]["scenario"])

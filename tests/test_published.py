@@ -127,6 +127,12 @@ def test_the_claims_by_hand(result):
     per = [abs(x["difference"]) / math.log2(x["gpus"][1] / x["gpus"][0])
            for x in scale_losses(check)]
     assert c["widen"]["per_gpu_doubling"] == pytest.approx(statistics.median(per), abs=0.001)
+    signed = statistics.median(r["error"] for r in check)
+    types = {r["gpu_type"] for r in check}
+    assert len(types) >= 4
+    assert c["widen"]["gpu_type"] == pytest.approx(max(
+        abs(statistics.median(r["error"] for r in check if r["gpu_type"] == t) - signed)
+        for t in types), abs=0.001)
 
 
 def test_hybrid_over_full_is_what_the_pairs_give(result):

@@ -14,11 +14,13 @@ costs:
   times the doublings out;
 - a framework (PyTorch FSDP1 / FSDP2, JAX, DeepSpeed) no validated run ran: the check set's
   largest distance between one framework's median signed error and all runs';
+- a GPU family (A100, H100, ...) no validated run had: the same distance over the GPU types the
+  check runs had;
 - less memory headroom than any validated run that fits (1 - predicted peak / capacity), or
   a configuration the memory model says does not fit: the check set's median |error| again.
-Other quantities and settings outside the runs (nodes, parameters, sequence length, the GPU
-type, float8, debug checks, the fabric) are named without widening: the check set has no
-measure of what they cost.
+Other quantities and settings outside the runs (nodes, parameters, sequence length, float8,
+debug checks, the fabric) are named without widening: the check set has no measure of what
+they cost.
 """
 
 from __future__ import annotations
@@ -138,6 +140,9 @@ def widened(scn: Scenario, env: dict[str, Any], out: dict[str, Any] | None = Non
     if fw not in env["frameworks"]:
         factors.append((f"framework / FSDP version {fw} (validated: "
                         f"{', '.join(env['frameworks'])})", float(w.get("framework", 0.0))))
+    if _gpu_family(scn.cluster.node.gpu.name) not in env["gpus_families"]:
+        factors.append((f"GPU {scn.cluster.node.gpu.name} (validated: "
+                        f"{', '.join(env['gpus_families'])})", float(w.get("gpu_type", 0.0))))
     room = memory_headroom(out)
     floor = c.get("memory_headroom_min")
     if room is not None and floor is not None and room < floor:
@@ -161,9 +166,6 @@ def outside(scn: Scenario, env: dict[str, Any]) -> list[str]:
         bound = hi if v > hi else lo
         out.append(f"{QUANTITIES[key]} {v:,.4g} (runs: {lo:,.4g}..{hi:,.4g}, "
                    f"{abs(math.log2(v / bound)):.1f} doublings out)")
-    fam = _gpu_family(scn.cluster.node.gpu.name)
-    if fam not in env["gpus_families"]:
-        out.append(f"GPU {scn.cluster.node.gpu.name} (runs: {', '.join(env['gpus_families'])})")
     for key, value in _settings(scn).items():
         runs = env["settings"].get(key, [])
         if value in runs:

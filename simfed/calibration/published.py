@@ -44,7 +44,7 @@ def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
 
 
 CLAIM_NUMBERS = ("median_abs_error", "p90_abs_error", "worst_abs_error", "memory_headroom_min")
-WIDEN_KEYS = ("per_gpu_doubling", "framework", "memory_headroom")
+WIDEN_KEYS = ("per_gpu_doubling", "framework", "gpu_type", "memory_headroom")
 
 
 def load_claims(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
@@ -84,6 +84,8 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
       per doubling of GPUs (what each doubling beyond the validated GPU counts adds);
     - widen.framework: the largest distance between one framework's median signed error and
       the median signed error of all check runs (what running another framework adds);
+    - widen.gpu_type: the same over the GPU types the check runs ran (`gpu_type`, the cluster
+      file's GPU name: what a GPU no validated run had adds);
     - widen.memory_headroom: the check set's median |error| once more (what an unvalidated
       memory regime adds)."""
     check = [r for r in rows if r["set"] == "check"]
@@ -96,6 +98,10 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in check:
         by_fw.setdefault(r.get("framework") or "", []).append(r["error"])
     fw = max(abs(statistics.median(v) - signed) for v in by_fw.values())
+    by_gpu: dict[str, list[float]] = {}
+    for r in check:
+        by_gpu.setdefault(r.get("gpu_type") or "", []).append(r["error"])
+    gpu = max(abs(statistics.median(v) - signed) for v in by_gpu.values())
     per_doubling = [abs(x["difference"]) / math.log2(x["gpus"][1] / x["gpus"][0])
                     for x in scale_losses(check) if x["gpus"][1] > x["gpus"][0]]
     fits = [1.0 - r["peak_memory_GiB"] / r["capacity_GiB"] for r in rows if r["fits_memory"]]
@@ -107,6 +113,7 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "widen": {"per_gpu_doubling": _round_up(statistics.median(per_doubling))
                       if per_doubling else 0.0,
                       "framework": _round_up(fw),
+                      "gpu_type": _round_up(gpu),
                       "memory_headroom": _round_up(statistics.median(errs))}}
 
 
@@ -131,6 +138,7 @@ def predict_case(folder: Path, case: dict[str, Any],
         "name": case["name"], "set": case["set"], "gpu": case.get("gpu", ""),
         "study": case.get("study") or "", "framework": framework(case, scn),
         "gpus": scn.cluster.world, "model": scn.model.name,
+        "gpu_type": scn.cluster.node.gpu.name,
         "published": pub, "predicted": pred, "error": pred / pub - 1.0,
         "fits_memory": bool(r["fits"]), "peak_memory_GiB": r["peak_memory_bytes"] / 2**30,
         "capacity_GiB": r["memory_capacity_bytes"] / 2**30,
