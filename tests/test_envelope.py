@@ -108,3 +108,27 @@ def test_run_prints_it_unless_quiet():
     quiet = CliRunner().invoke(main, ["run", "scenarios/h100-1024.yaml", "-a", "fsdp", "-q",
                                       "--set", "cluster.nodes=8", "--set", "training.steps=2"])
     assert "how sure:" not in quiet.output
+
+
+def test_a_comparison_with_hybrid_shard_states_the_published_pairs_error():
+    """A run comparing a replicating HSDP with another algorithm gets the published HYBRID /
+    FULL pairs' ratio error at its band (cases.yaml hybrid_over_full); a run without one, or of
+    one algorithm, does not."""
+    from simfed.calibration.envelope import hybrid_line
+    from simfed.calibration.published import load_hybrid_over_full
+
+    h = load_hybrid_over_full()
+    out = {"algorithms": [
+        {"label": "FSDP", "plan": {"replicate": 1, "shard": 512}},
+        {"label": "HSDP", "plan": {"replicate": 128, "shard": 4}},      # spans 512 GPUs
+        {"label": "FL+HSDP", "plan": {"replicate": 8, "shard": 4}}]}    # a copy spans 32
+    lines = hybrid_line(out)
+    assert [x.split()[0] for x in lines] == ["HSDP", "FL+HSDP"]
+    big, small = h["at_scale"], h["below"]
+    assert f"on {big['pairs']} published" in lines[0]
+    assert f"+{100 * big['over']:.1f}%" in lines[0] and f"-{100 * big['under']:.1f}%" in lines[0]
+    assert f"on {small['pairs']} published" in lines[1]
+    assert hybrid_line({"algorithms": out["algorithms"][:1]}) == []
+    assert hybrid_line({"algorithms": [out["algorithms"][0], {"label": "FL+FSDP", "plan": {
+        "replicate": 1, "shard": 4}}]}) == []
+    assert hybrid_line(None) == []

@@ -198,8 +198,9 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
             f"{100 * c.get('worst_abs_error', float('nan')):.0f}%; simfed validate --published, "
             "docs/accuracy.md)")
     rest = outside(scn, env)
+    hybrid = hybrid_line(out, folder)
     if not factors and not rest:
-        return [head + "; this scenario lies within the validated runs"]
+        return [head + "; this scenario lies within the validated runs", *hybrid]
     lines = [head]
     if factors:
         lines[0] += f"; here within {100 * bound:.1f}% for 9 in 10, widened for:"
@@ -207,4 +208,36 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
     if rest:
         lines.append("  also outside the validated runs (not widened, no check data): "
                      + "; ".join(rest))
-    return lines
+    return lines + hybrid
+
+
+def hybrid_line(out: dict[str, Any] | None, folder: Path = DEFAULT_DIR) -> list[str]:
+    """Where a run compares a HYBRID_SHARD algorithm that replicates across nodes with another:
+    how far the published HYBRID / FULL pairs' predicted ratio ran from the published one, at
+    the band of the GPUs its model copies span (cases.yaml hybrid_over_full)."""
+    from .published import load_hybrid_over_full
+
+    algs = (out or {}).get("algorithms") or []
+    try:
+        h = load_hybrid_over_full(folder)
+    except (SpecError, OSError, yaml.YAMLError):
+        return []
+    m = h.get("min_gpus")
+    if len(algs) < 2 or not m:
+        return []
+    out_lines = []
+    for a in algs:
+        plan = a.get("plan") or {}
+        if plan.get("replicate", 1) <= 1 or plan.get("shard", 1) <= 1:
+            continue
+        span = plan["replicate"] * plan["shard"]
+        band = h.get("at_scale" if span >= m else "below")
+        if not band:
+            continue
+        where = f"{'from' if span >= m else 'below'} {m:,} GPUs"
+        out_lines.append(
+            f"  {a['label']} against the others: on {band['pairs']} published HYBRID / FULL "
+            f"pairs {where} the predicted ratio is within -{100 * band['under']:.1f}% .. "
+            f"+{100 * band['over']:.1f}% of the published for 9 in 10 (median "
+            f"{100 * band['median_error']:+.1f}%; + overstates HYBRID)")
+    return out_lines
