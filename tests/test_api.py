@@ -128,3 +128,16 @@ def test_sweep_names_the_function_and_the_package_stays_importable():
 
     assert callable(simfed.sweep) and simfed.sweep.__module__ == "simfed.api"
     assert run_sweep.__module__ == "simfed.sweep.runner"
+
+
+def test_how_sure_gives_the_lines_simfed_run_prints():
+    scn = simfed.load(SCENARIOS / "512gpu.yaml", set={"training.steps": 4})
+    res = simfed.simulate(scn)
+    lines = res.how_sure(scn)
+    printed = CliRunner().invoke(main, ["run", str(SCENARIOS / "512gpu.yaml"),
+                                        "--set", "training.steps=4"]).output
+    flat = " ".join(printed.split())
+    assert lines and all(" ".join(line.split()) in flat for line in lines)
+    assert lines[0].startswith("how sure: on ")
+    cpu = simfed.load(TINY)
+    assert simfed.simulate(cpu).how_sure(cpu) == []  # not the kernel model: no published claim

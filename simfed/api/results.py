@@ -203,6 +203,15 @@ class SimulationResult(_Record):
             object.__setattr__(res, "spans", spans)
         return res
 
+    def how_sure(self, scenario: Any) -> list[str]:
+        """The "how sure" lines `simfed run` prints for this result of `scenario` (kernel compute
+        model, no calibrated profile; [] otherwise): the published check set's error, widened
+        for what the validated runs do not cover, and the HYBRID / FULL pairs' ratio bounds for
+        a replicating HSDP it compares (simfed/calibration/envelope.py, docs/accuracy.md)."""
+        from ..calibration.envelope import for_run
+
+        return for_run(scenario, out=self.to_dict())
+
     def to_json(self) -> str:
         """Strict, deterministic JSON: byte for byte what `simfed run --json` writes."""
         from ..analysis.report import dumps
