@@ -98,10 +98,7 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in check:
         by_fw.setdefault(r.get("framework") or "", []).append(r["error"])
     fw = max(abs(statistics.median(v) - signed) for v in by_fw.values())
-    by_gpu: dict[str, list[float]] = {}
-    for r in check:
-        by_gpu.setdefault(r.get("gpu_type") or "", []).append(r["error"])
-    gpu = max(abs(statistics.median(v) - signed) for v in by_gpu.values())
+    gpu = max(abs(g["median_error"] - signed) for g in by_gpu_type(check))
     per_doubling = [abs(x["difference"]) / math.log2(x["gpus"][1] / x["gpus"][0])
                     for x in scale_losses(check) if x["gpus"][1] > x["gpus"][0]]
     fits = [1.0 - r["peak_memory_GiB"] / r["capacity_GiB"] for r in rows if r["fits_memory"]]
@@ -186,6 +183,19 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "worst": {"name": worst["name"], "error": worst["error"]},
                      "rejected_by_memory": sum(not r["fits_memory"] for r in sel)}
     return out
+
+
+def by_gpu_type(rows: list[dict[str, Any]], which: str = "check") -> list[dict[str, Any]]:
+    """Per GPU type (the cluster file's GPU name) of one set's runs: the count, the median
+    |error| and the median signed error, in order of count (what `widen.gpu_type` reads)."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r["set"] == which:
+            by.setdefault(r.get("gpu_type") or "", []).append(r["error"])
+    return sorted(({"gpu_type": k, "cases": len(v),
+                    "median_abs_error": statistics.median(abs(e) for e in v),
+                    "median_error": statistics.median(v)} for k, v in by.items()),
+                  key=lambda x: (-x["cases"], x["gpu_type"]))
 
 
 def scale_losses(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -413,6 +423,11 @@ def print_published(res: dict[str, Any], console: Any) -> None:
                       + ("cases.yaml claims agree" if same else
                          "cases.yaml claims differ: write these there (derive_claims)"),
                       highlight=False)
+    types = by_gpu_type(res["cases"])
+    if types:
+        console.print("  by GPU type (check set): " + "; ".join(
+            f"{g['gpu_type']} {g['cases']} runs, median {100 * g['median_abs_error']:.1f}% "
+            f"(signed {100 * g['median_error']:+.1f}%)" for g in types), highlight=False)
     h = res.get("hybrid_over_full") or {}
     if h.get("at_scale") or h.get("below"):
         same = h == (res.get("stored_hybrid_over_full") or {})
