@@ -371,7 +371,7 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
                   "stored_hybrid_over_full": load_hybrid_over_full(folder)}
     return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
             "scale_losses": scale_losses(rows), "micro_batch_sweeps": sweeps(rows),
-            "hybrid_pairs": hybrid_pairs(rows), **claims,
+            "hybrid_pairs": hybrid_pairs(rows), "by_gpu_type": by_gpu_type(rows), **claims,
             "collectives": collective_cases(folder), "speedups": speedup_cases(folder),
             "collectives_calibrated": collective_cases(folder, calibrated=True),
             "shared_fabric": shared_fabric_cases(folder)}
@@ -423,7 +423,7 @@ def print_published(res: dict[str, Any], console: Any) -> None:
                       + ("cases.yaml claims agree" if same else
                          "cases.yaml claims differ: write these there (derive_claims)"),
                       highlight=False)
-    types = by_gpu_type(res["cases"])
+    types = res.get("by_gpu_type") or []
     if types:
         console.print("  by GPU type (check set): " + "; ".join(
             f"{g['gpu_type']} {g['cases']} runs, median {100 * g['median_abs_error']:.1f}% "
