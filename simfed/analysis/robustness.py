@@ -36,7 +36,7 @@ from .report import unsettled
 
 MID_SIZE = (1 << 20, 64 << 20)  # the sizes where NCCL's model runs ahead of nccl-tests
 GPU_VARIATION = 0.013  # sd of GPU speed at a few thousand GPUs: Sinha et al. SC22 (profiles)
-HYBRID_MIN_GPUS = 128  # hybrid_over_full's band edge where cases.yaml gives none
+BANDS = ("below", "at_scale")  # hybrid_over_full's GPU-count bands
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Perturbation:
     hybrid_step: dict[str, float] | None = None
 
 
-def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, float]:
+def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     """The validation's error magnitudes: `compute` the bound 9 in 10 of the held-out published
     runs' |tokens/s/GPU error| lie within (cases.yaml claims.p90_abs_error, from the check
     set); `nvlink` predicted / published busbw (median) of the
@@ -74,13 +74,8 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, float]:
     from ..calibration.published import load_hybrid_over_full
 
     pairs = load_hybrid_over_full(folder)
-    for band in ("below", "at_scale"):
-        if band in pairs:
-            out[f"hybrid_{band}_over"] = float(pairs[band]["over"])
-            out[f"hybrid_{band}_under"] = float(pairs[band]["under"])
-            out[f"hybrid_{band}_pairs"] = float(pairs[band]["pairs"])
     if pairs:
-        out["hybrid_min_gpus"] = float(pairs.get("min_gpus", HYBRID_MIN_GPUS))
+        out["hybrid_over_full"] = pairs
     loaded = fitted_loaded_steps(folder)
     if loaded:
         out["loaded_step_min"], out["loaded_step_max"] = min(loaded.values()), max(loaded.values())
@@ -98,29 +93,30 @@ def fitted_loaded_steps(folder: Path = DEFAULT_DIR) -> dict[str, float]:
     return {f: v for f, v in found.items() if v > 0}
 
 
-def _hybrid_perturbations(scn: Scenario, sizes: dict[str, float]) -> list[Perturbation]:
+def _hybrid_perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturbation]:
     """HYBRID_SHARD's own error: where the scenario runs a HYBRID_SHARD algorithm (HSDP, FL+HSDP)
     that replicates across nodes beside another algorithm, its step times slower by how far the
     predicted HYBRID-over-FULL ratio of the published pairs ran above the published one (9 in 10
     pairs within: HYBRID's lead overstated), and faster by how far it ran below, at the band
     (below or at `min_gpus`) of the GPUs its shards and replicas span
     (validation/published/cases.yaml hybrid_over_full)."""
+    from ..calibration.published import HYBRID_AT_SCALE_GPUS, hybrid_band
     from ..spec.algorithms import algorithm_info
 
-    if len(scn.algorithms) < 2 or "hybrid_min_gpus" not in sizes:
+    h = sizes.get("hybrid_over_full") or {}
+    if len(scn.algorithms) < 2 or not h:
         return []
-    m = int(sizes["hybrid_min_gpus"])
+    m = int(h.get("min_gpus", HYBRID_AT_SCALE_GPUS))
     bands = set()
     for a in scn.algorithms:
         if algorithm_info(a.name).hybrid:
             plan = a.plan(scn.cluster)
-            if plan.replicate > 1 and plan.shard > 1:
-                bands.add("at_scale" if plan.replicate * plan.shard >= m else "below")
+            bands.add(hybrid_band(plan.replicate, plan.shard, m))
     out = []
-    n = int(sum(sizes.get(f"hybrid_{b}_pairs", 0) for b in ("below", "at_scale")))
+    n = sum(h[b]["pairs"] for b in BANDS if b in h)
     for key, sign, word in (("over", 1, "slower"), ("under", -1, "faster")):
-        f = {b: sizes.get(f"hybrid_{b}_{key}", 0.0) for b in ("below", "at_scale")}
-        used = sorted({100 * f[b] for b in bands if f[b] > 0})
+        f = {b: float(h[b][key]) if b in h else 0.0 for b in BANDS}
+        used = sorted({100 * f[b] for b in bands if b and f[b] > 0})
         if not used:
             continue
         lead = "overstated" if sign > 0 else "understated"
@@ -138,13 +134,16 @@ def _hybrid_perturbations(scn: Scenario, sizes: dict[str, float]) -> list[Pertur
 def _apply_hybrid(out: dict[str, Any], factors: dict[str, float]) -> dict[str, Any]:
     """`out` with each HYBRID_SHARD algorithm's (plan.replicate > 1) step time, tokens/s and time
     to target scaled by its band's factor; speedups and the first to the target again."""
+    from ..calibration.published import hybrid_band
+
     res = {**out, "algorithms": [dict(a) for a in out["algorithms"]]}
     for a in res["algorithms"]:
         plan = a.get("plan") or {}
-        if plan.get("replicate", 1) <= 1 or plan.get("shard", 1) <= 1:
+        band = hybrid_band(plan.get("replicate", 1), plan.get("shard", 1),
+                           int(factors["min_gpus"]))
+        if band is None:
             continue
-        span = plan["replicate"] * plan["shard"]
-        f = factors["at_scale" if span >= factors["min_gpus"] else "below"]
+        f = factors[band]
         a["step_time_s"] = a["step_time_s"] * f
         a["tokens_per_s"] = a["tokens_per_s"] / f
         if a.get("time_to_target_s") is not None:
@@ -168,7 +167,7 @@ def _scaled(value: float, factor: float) -> float:
     return min(1.0, value * factor)
 
 
-def perturbations(scn: Scenario, sizes: dict[str, float]) -> list[Perturbation]:
+def perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturbation]:
     """The perturbations that apply to `scn` (kernel compute model), each with its overrides
     (dotted keys)."""
     rt = scn.runtime

@@ -34,7 +34,14 @@ import yaml
 
 from ..spec.scenario import Scenario
 from ..spec.schema import SpecError
-from .published import DEFAULT_DIR, framework, load_cases, load_claims
+from .published import (
+    DEFAULT_DIR,
+    framework,
+    hybrid_band,
+    load_cases,
+    load_claims,
+    load_hybrid_over_full,
+)
 
 QUANTITIES = {
     "gpus": "GPUs",
@@ -106,7 +113,7 @@ def published_envelope(folder: Path = DEFAULT_DIR) -> dict[str, Any] | None:
     return {"ranges": ranges, "gpus_families": sorted(families), "cases": len(cases),
             "frameworks": sorted(frameworks),
             "settings": {k: sorted(v) for k, v in seen.items()},
-            "claims": load_claims(folder)}
+            "claims": load_claims(folder), "hybrid_over_full": load_hybrid_over_full(folder)}
 
 
 def scenario_framework(scn: Scenario) -> str:
@@ -198,7 +205,7 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
             f"{100 * c.get('worst_abs_error', float('nan')):.0f}%; simfed validate --published, "
             "docs/accuracy.md)")
     rest = outside(scn, env)
-    hybrid = hybrid_line(out, folder)
+    hybrid = hybrid_line(out, env)
     if not factors and not rest:
         return [head + "; this scenario lies within the validated runs", *hybrid]
     lines = [head]
@@ -211,30 +218,31 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
     return lines + hybrid
 
 
-def hybrid_line(out: dict[str, Any] | None, folder: Path = DEFAULT_DIR) -> list[str]:
+def hybrid_line(out: dict[str, Any] | None, env: dict[str, Any] | None = None) -> list[str]:
     """Where a run compares a HYBRID_SHARD algorithm that replicates across nodes with another:
     how far the published HYBRID / FULL pairs' predicted ratio ran from the published one, at
-    the band of the GPUs its model copies span (cases.yaml hybrid_over_full)."""
-    from .published import load_hybrid_over_full
-
+    the band of the GPUs its model copies span (cases.yaml hybrid_over_full; `env`: the
+    published envelope, default the shipped one's)."""
     algs = (out or {}).get("algorithms") or []
-    try:
-        h = load_hybrid_over_full(folder)
-    except (SpecError, OSError, yaml.YAMLError):
+    if len(algs) < 2:
         return []
+    if env is None:
+        try:
+            env = published_envelope()
+        except (SpecError, OSError, yaml.YAMLError):
+            return []
+    h = (env or {}).get("hybrid_over_full") or {}
     m = h.get("min_gpus")
-    if len(algs) < 2 or not m:
+    if not m:
         return []
     out_lines = []
     for a in algs:
         plan = a.get("plan") or {}
-        if plan.get("replicate", 1) <= 1 or plan.get("shard", 1) <= 1:
-            continue
-        span = plan["replicate"] * plan["shard"]
-        band = h.get("at_scale" if span >= m else "below")
+        which = hybrid_band(plan.get("replicate", 1), plan.get("shard", 1), m)
+        band = h.get(which) if which else None
         if not band:
             continue
-        where = f"{'from' if span >= m else 'below'} {m:,} GPUs"
+        where = f"{'from' if which == 'at_scale' else 'below'} {m:,} GPUs"
         out_lines.append(
             f"  {a['label']} against the others: on {band['pairs']} published HYBRID / FULL "
             f"pairs {where} the predicted ratio is within -{100 * band['under']:.1f}% .. "

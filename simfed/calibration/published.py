@@ -8,7 +8,9 @@ back: reported, never iterated on). The summary gives the median and worst |erro
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -25,11 +27,28 @@ DEFAULT_DIR = Path(__file__).resolve().parents[2] / "validation" / "published"
 SETS = ("fit", "check")
 
 
+@functools.lru_cache(maxsize=4)
+def _read_unchanged(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    return files.read(Path(path))
+
+
+def _read_cases_file(path: Path) -> dict[str, Any]:
+    """cases.yaml as `published_files.read` parses it, parsed once while the file is unchanged
+    (its cases, claims and hybrid_over_full are read by validation, `simfed run`'s how-sure lines
+    and --robustness alike); callers copy what they hand out."""
+    try:
+        st = path.stat()
+    except OSError:
+        return files.read(path)  # its one-line error
+    return _read_unchanged(str(path), st.st_mtime_ns, st.st_size)
+
+
 def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
     """cases.yaml's entries, checked; a scale study (cases sharing `study`) lies wholly in the
     fit set or wholly in the check set, on one scenario."""
     path = folder / "cases.yaml"
-    cases = files.entries(path, files.read(path), "cases", files.PublishedRun)
+    cases = copy.deepcopy(files.entries(path, _read_cases_file(path), "cases",
+                                        files.PublishedRun))
     first: dict[str, dict[str, Any]] = {}
     for i, c in enumerate(cases):
         if not c.get("study"):
@@ -53,7 +72,7 @@ def load_claims(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     check runs within it), worst_abs_error, memory_headroom_min and `widen` (what each factor a
     scenario has outside the validated runs adds to the 9-in-10 bound)."""
     path = folder / "cases.yaml"
-    claims = files.read(path).get("claims") or {}
+    claims = copy.deepcopy(_read_cases_file(path).get("claims") or {})
     if not isinstance(claims, dict):
         raise SpecError(f"{path}: claims: expected a mapping, got {claims!r}")
     widen = claims.get("widen") or {}
@@ -244,6 +263,15 @@ def hybrid_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 HYBRID_AT_SCALE_GPUS = 128  # where the published HYBRID runs' losses begin (docs/accuracy.md)
 
 
+def hybrid_band(replicate: int, shard: int, min_gpus: int) -> str | None:
+    """The `hybrid_over_full` band of a HYBRID_SHARD plan (its shards times its replicas: the
+    GPUs a model copy spans): "at_scale" from `min_gpus`, "below" under it; None for a plan that
+    does not both shard and replicate."""
+    if replicate <= 1 or shard <= 1:
+        return None
+    return "at_scale" if replicate * shard >= min_gpus else "below"
+
+
 def derive_hybrid_over_full(rows: list[dict[str, Any]],
                             min_gpus: int = HYBRID_AT_SCALE_GPUS) -> dict[str, Any]:
     """How far the predicted HYBRID-over-FULL ratio is from the published one, on the pairs below
@@ -271,7 +299,7 @@ def load_hybrid_over_full(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     """cases.yaml `hybrid_over_full` (as `derive_hybrid_over_full` computes it; held by
     tests/test_published.py), or {} where the file has none."""
     path = folder / "cases.yaml"
-    got = files.read(path).get("hybrid_over_full") or {}
+    got = copy.deepcopy(_read_cases_file(path).get("hybrid_over_full") or {})
     if not isinstance(got, dict):
         raise SpecError(f"{path}: hybrid_over_full: expected a mapping, got {got!r}")
     for band in ("below", "at_scale"):
