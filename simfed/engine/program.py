@@ -131,6 +131,9 @@ class StepTimes:
     reduce_factor: float = 1.0  # gradient reduce dtype bytes / parameter dtype bytes
     gather_nbytes: tuple[int, ...] = ()  # all-gathered bytes per unit (float8; () = unit_nbytes)
     outer_s: float = 0.0  # the outer optimizer's elementwise step after the average (DiLoCo)
+    # the trainer's host-read collectives and metric sync after each step's loss read
+    # (training.host_reductions, metric_sync_states): host time with the GPU idle
+    trainer_sync_s: float = 0.0
 
 
 def build_program(
@@ -174,6 +177,11 @@ def build_program(
         return op
 
     # ---- other: per-step host work (data loading, logging) ----------------------------
+    # The trainer's sync after the previous step's loss read (sync_per_step: the GPU has
+    # drained) comes first; charged at the start of each step, the steady state is the same.
+    if t.trainer_sync_s > 0:
+        add(kind=OpKind.HOST_WORK, stream=-1, phase=OTHER, name="trainer sync (metrics)",
+            duration_s=t.trainer_sync_s)
     if host.step_overhead_ms > 0:
         add(kind=OpKind.HOST_WORK, stream=-1, phase=OTHER, name="step overhead",
             duration_s=host.step_overhead_ms * 1e-3)

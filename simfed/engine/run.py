@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from ..collectives.nccl import engine_cost, nccl_model
 from ..compute import ComputeModel
 from ..contention import for_run as contention_for_run
 from ..convergence import attach as attach_convergence
@@ -98,6 +99,7 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
                               dtype_nbytes(train.optimizer_state_dtype),
                               hw.hbm_Bps * rt.optimizer_hbm_efficiency)
                  if alg.outer_optimizer == "nesterov" else 0.0),
+        trainer_sync_s=trainer_sync_s(scn, hw, plan.world),
     )
     launch_s = us_to_s(scn.runtime.compute.launch_us_per_unit)
     agg_steps = (aggregate_steps(steps, alg.aggregate_every)
@@ -124,6 +126,33 @@ def simulate_algorithm(scn: Scenario, alg: AlgorithmSpec, *, trace: bool = False
     ops = sum(len(sim.program(s).ops) for s in range(steps)) * len(sim.states)
     result["sim_ops"] = ops
     return AlgorithmRun(result=result, spans=spans, events=ops)
+
+
+def trainer_sync_s(scn: Scenario, hw: Hardware, world: int) -> float:
+    """Host time of the trainer's per-step sync over every rank, after it has read the loss
+    (the GPU idle): `training.host_reductions` small collectives read one after another, and
+    `training.metric_sync_states` metric states gathered as torchmetrics' gather_all_tensors
+    does (utilities/distributed.py: a barrier, a list of `world` zeros_like, a list-form
+    all_gather that ProcessGroupNCCL copies out one tensor per rank). Collective latencies from
+    NCCL's model (the comm model's launch latency for the others); each host op
+    `runtime.host.eager_op_us`."""
+    t = scn.training
+    if world < 2 or not (t.host_reductions or t.metric_sync_states):
+        return 0.0
+    comm = scn.runtime.comm
+    if comm.model == "nccl":
+        model, everyone = nccl_model(hw, comm), (tuple(range(world)),)
+
+        def latency(op: str, nbytes: int) -> float:
+            return engine_cost(model, op, nbytes, everyone)[0]
+    else:
+        def latency(op: str, nbytes: int) -> float:
+            return us_to_s(comm.launch_us)
+    op_s = us_to_s(scn.runtime.host.eager_op_us)
+    reductions = t.host_reductions * latency("all_reduce", 8)
+    per_state = (latency("all_reduce", 4) + latency("all_gather", 4 * world)
+                 + 2 * world * op_s)
+    return reductions + t.metric_sync_states * per_state
 
 
 def _step_times_at(scn: Scenario, kw: dict[str, Any], factors: Any, agg: set[int]

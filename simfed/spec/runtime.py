@@ -179,6 +179,11 @@ class HostRuntime:
         "(torch.cuda.synchronize() before each all-gather call, as DeepSpeed ZeRO-3's "
         "_allgather_param did in 2021): no host run-ahead past a collective")
     step_overhead_ms: float = param(0.0, ge=0, doc="per-step host work (data, logging): Other")
+    eager_op_us: float = param(
+        5.0, ge=0, doc="one eager tensor op the host issues from Python (dispatch, allocation, "
+        "one kernel launch); ASSUMPTION: the 5 us a kernel behind compute.launch_us_per_unit's "
+        "60 (12 kernels). Used by the trainer's per-step metric sync "
+        "(training.metric_sync_states)")
     sync_before_optimizer: bool = param(
         False, doc="host reads a value of the finished backward before the optimizer step (a "
         "gradient-norm check such as clip_grad_norm_(error_if_nonfinite=True)): it waits for "

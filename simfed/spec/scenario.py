@@ -136,6 +136,20 @@ class TrainingSpec:
         "metrics a trainer evaluates (Composer: LanguageCrossEntropy and LanguagePerplexity, 2; "
         "each an fp32 cast and log-softmax of the logits, 14 bytes per logit; kernel model "
         "only, their transient fp32 copies not in the memory model); 0: none")
+    host_reductions: int = param(
+        0, ge=0, le=64,
+        doc="small collectives over every rank the trainer issues after each step and reads "
+        "on the host, one after another (Composer: the loss all-reduce, the samples and "
+        "tokens all-reduce, rank 0's batch time broadcast: 3); each costs its latency with the "
+        "GPU idle; 0: none")
+    metric_sync_states: int = param(
+        0, ge=0, le=64,
+        doc="scalar metric states the trainer gathers over every rank after each step "
+        "(torchmetrics' gather_all_tensors, as Composer computes its training metrics each "
+        "batch: LanguageCrossEntropy and LanguagePerplexity, two states each: 4); each a "
+        "barrier (a one-element all-reduce and a device synchronize), one zeros_like per rank "
+        "from Python and a list-form all_gather (one copy per rank): host time that grows with "
+        "the ranks, at runtime.host.eager_op_us an op; 0: none")
     eager_ops: str = param(
         "fused", choices=("fused", "composite"),
         doc="how the uncompiled model computes its RMSNorms and RoPE: fused (one kernel each "
@@ -413,6 +427,7 @@ class Scenario:
         self._check_validation()
         self._check_float8()
         self._check_island()
+        self._check_trainer_sync()
         for i, a in enumerate(self.algorithms):
             try:
                 a.plan(self.cluster)
@@ -460,6 +475,14 @@ class Scenario:
         if f.loaded_step_island_us > 0 and not f.nodes_per_island:
             raise SpecError(f"cluster.fabric.loaded_step_island_us: {f.loaded_step_island_us:g} us "
                             "needs cluster.fabric.nodes_per_island > 0 (the nodes of one island)")
+
+    def _check_trainer_sync(self) -> None:
+        t = self.training
+        if (t.host_reductions or t.metric_sync_states) and not self.runtime.host.sync_per_step:
+            key = "metric_sync_states" if t.metric_sync_states else "host_reductions"
+            raise SpecError(f"training.{key}: {getattr(t, key)} per-step collectives read on "
+                            "the host need runtime.host.sync_per_step: true (the trainer reads "
+                            "the step's loss first)")
 
     def _check_float8(self) -> None:
         """training.float8 needs FP8 tensor cores and the per-kernel compute model."""

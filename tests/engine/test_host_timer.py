@@ -54,3 +54,36 @@ def test_a_host_call_with_nothing_to_time_is_one_line():
     with pytest.raises(SpecError) as exc:
         simulate(scn, algorithms=["fsdp"])
     assert "\n" not in str(exc.value) and "training.throughput_timer" in str(exc.value)
+
+
+def test_the_trainers_metric_sync_is_host_time_that_grows_with_the_ranks():
+    """training.metric_sync_states: each state a barrier, a zeros_like per rank and a list-form
+    all_gather copied out per rank (torchmetrics' gather_all_tensors): 2 host ops per rank per
+    state on top of two collectives' latencies; the step grows by it, the GPU idle."""
+    from simfed.engine.run import trainer_sync_s
+    from simfed.hardware import Hardware
+
+    synced = {"runtime.host.sync_per_step": True}
+    sync = {**synced, "training.host_reductions": 3, "training.metric_sync_states": 4}
+    base, with_sync = _fsdp(**synced), _fsdp(**sync)
+    scn = load_scenario(TINY, sync)
+    hw = Hardware.from_spec(scn.cluster, scn.runtime)
+    s = trainer_sync_s(scn, hw, scn.cluster.world)
+    assert with_sync["step_time_s"] - base["step_time_s"] == pytest.approx(s)
+    assert with_sync["phases_s"]["other"] - base["phases_s"]["other"] == pytest.approx(s)
+    # per rank: two ops of runtime.host.eager_op_us per state (latencies grow more slowly)
+    op_s = scn.runtime.host.eager_op_us * 1e-6
+    small, large = trainer_sync_s(scn, hw, 16), trainer_sync_s(scn, hw, 1024)
+    assert large - small >= 4 * 2 * (1024 - 16) * op_s
+    assert large - small < 1.5 * 4 * 2 * (1024 - 16) * op_s
+    assert trainer_sync_s(scn, hw, 1) == 0.0
+    no_ops = load_scenario(TINY, {**sync, "runtime.host.eager_op_us": 0})
+    assert trainer_sync_s(no_ops, hw, 1024) < small
+
+
+def test_a_metric_sync_without_the_loss_read_is_one_line():
+    with pytest.raises(SpecError) as exc:
+        load_scenario(TINY, {"training.metric_sync_states": 4})
+    msg = str(exc.value)
+    assert "\n" not in msg and "training.metric_sync_states: 4" in msg
+    assert "runtime.host.sync_per_step" in msg
