@@ -241,3 +241,16 @@ def test_without_the_published_folder_it_says_so(tmp_path):
     out, _ = simulate(load_scenario(scn))
     res = robustness(scn, None, out, folder=tmp_path)
     assert "is not there" in res["skipped"]
+
+
+def test_a_trainers_metric_sync_has_its_host_op_cost_halved_and_doubled(sizes):
+    sets = {"runtime.host.sync_per_step": True, "training.metric_sync_states": 4}
+    scn = load_scenario(SCENARIOS / "512gpu.yaml", sets)
+    ps = {p.name: p for p in perturbations(scn, sizes)}
+    op = scn.runtime.host.eager_op_us
+    assert ps["trainer metric-sync host ops halved"].overrides == {
+        "runtime.host.eager_op_us": op / 2}
+    assert ps["trainer metric-sync host ops doubled"].overrides == {
+        "runtime.host.eager_op_us": op * 2}
+    plain = perturbations(load_scenario(SCENARIOS / "512gpu.yaml"), sizes)
+    assert not any(p.name.startswith("trainer metric-sync") for p in plain)

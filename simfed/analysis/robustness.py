@@ -12,7 +12,8 @@ job's load at the least and the most any machine's published scale studies were 
 scenario has none, HYBRID_SHARD algorithms' steps by how far the published HYBRID / FULL pairs'
 predicted ratio ran from the published one (the one error of one algorithm's own mechanism with
 published runs to size it; applied to the results, not simulated again), and the host's
-debug-check costs halved and doubled where they are on (their constants are estimates). Every
+debug-check costs and the trainer's metric-sync host ops halved and doubled where they are on
+(their constants are estimates). Every
 other perturbation moves every algorithm of the scenario at once; the
 report gives each one's step time and speedup and which algorithm wins (first to the target
 loss where the scenario has one, else the highest tokens/s), so a user sees whether the ranking
@@ -224,6 +225,12 @@ def perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturbation]:
                                     {"runtime.host.gloo_hop_us": host.gloo_hop_us * f,
                                      "runtime.host.gloo_rank0_msg_us":
                                          host.gloo_rank0_msg_us * f}))
+    if scn.training.metric_sync_states and host.eager_op_us > 0:
+        for f, word in ((0.5, "halved"), (2.0, "doubled")):
+            out.append(Perturbation(f"trainer metric-sync host ops {word}",
+                                    "runtime.host.eager_op_us is an estimate (the profiles' "
+                                    "launch cost)",
+                                    {"runtime.host.eager_op_us": host.eager_op_us * f}))
     return out
 
 
