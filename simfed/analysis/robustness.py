@@ -13,11 +13,10 @@ scenario has none, HYBRID_SHARD algorithms' steps by how far the published HYBRI
 predicted ratio ran from the published one (the one error of one algorithm's own mechanism with
 published runs to size it; applied to the results, not simulated again), and the host's
 debug-check costs and the trainer's metric-sync host ops halved and doubled where they are on
-(their constants are estimates). Every
-other perturbation moves every algorithm of the scenario at once; the
-report gives each one's step time and speedup and which algorithm wins (first to the target
-loss where the scenario has one, else the highest tokens/s), so a user sees whether the ranking
-and the margin hold, not just one number.
+(their constants are estimates). Every other perturbation moves every algorithm of the scenario
+at once; the report gives each one's step time and speedup and which algorithm wins (first to
+the target loss where the scenario has one, else the highest tokens/s), so a user sees whether
+the ranking and the margin hold, not just one number.
 
 The magnitudes are read from the published validation when this runs, so they follow the model.
 """
