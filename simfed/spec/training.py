@@ -88,7 +88,8 @@ class TrainingSpec:
         0, ge=0, le=64,
         doc="small collectives over every rank the trainer issues after each step and reads "
         "on the host, one after another (Composer: the loss all-reduce, the samples and "
-        "tokens all-reduce, rank 0's batch time broadcast: 3); each costs its latency with the "
+        "tokens all-reduce, rank 0's batch time broadcast, its speed monitor's FLOPs "
+        "all-reduce: 4); each costs its latency with the "
         "GPU idle; 0: none")
     metric_sync_states: int = param(
         0, ge=0, le=64,
