@@ -1,6 +1,8 @@
 """Peak memory per GPU: sharded state, unsharded parameter and gradient buffers, activations.
 
-Static: the local shard of parameters and gradients (model dtype) and AdamW's two moments.
+Static: the local shard of parameters and gradients and AdamW's two moments, in the optimizer's
+state dtype where it is wider than the model dtype (FSDP's fp32 master shards under mixed
+precision: the sharded gradient is cast back to the parameter's dtype after its reduction).
 Dynamic: unsharded units alive at once (measured on the simulated timeline: FSDP's all-gathers
 run ahead of compute when the host runs ahead), one unsharded gradient buffer, and the
 activations at the end of the forward pass: every layer's saved tensors (by attention kernel),
@@ -67,12 +69,13 @@ def memory_breakdown(
     p = model.dtype_nbytes
     shard_params = -(-model.total_params // shard)
     states = 2 if train.optimizer == "adamw" else 0
+    master = max(p, dtype_nbytes(train.optimizer_state_dtype))  # the sharded params and grads
     activations = activation_bytes(model, train)
     largest_unit = max(u.nbytes for u in model.units(train.seq_len))
     unsharded = (peak_unsharded_units_bytes + largest_unit) if shard > 1 else 0.0
     return MemoryBreakdown(
-        params_bytes=shard_params * p,
-        grads_bytes=shard_params * p,
+        params_bytes=shard_params * master,
+        grads_bytes=shard_params * master,
         optimizer_bytes=shard_params * states * dtype_nbytes(train.optimizer_state_dtype),
         unsharded_bytes=unsharded,
         activations_bytes=activations,

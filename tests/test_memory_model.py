@@ -46,3 +46,17 @@ def test_fragmentation_scales_the_dynamic_part():
                             peak_unsharded_units_bytes=1e9)
     dyn = base.activations_bytes + base.unsharded_bytes
     assert frag.peak_bytes - base.peak_bytes == pytest.approx(0.1 * dyn)
+
+
+def test_fp32_master_shards_hold_the_sharded_params_and_grads_in_fp32():
+    """Mixed precision keeps the sharded parameters in fp32 and casts the reduced gradient back
+    to them: with fp32 optimizer states the shard is 4 + 4 + 8 bytes a parameter, not 2 + 2 + 8;
+    with bf16 states (a bf16 model throughout) 2 + 2 + 4."""
+    shard = 8
+    n = -(-M.total_params // shard)
+    fp32 = memory_breakdown(M, _t(optimizer_state_dtype="fp32"), MemoryRuntime(), shard=shard,
+                            peak_unsharded_units_bytes=0)
+    bf16 = memory_breakdown(M, _t(optimizer_state_dtype="bf16"), MemoryRuntime(), shard=shard,
+                            peak_unsharded_units_bytes=0)
+    assert (fp32.params_bytes, fp32.grads_bytes, fp32.optimizer_bytes) == (4 * n, 4 * n, 8 * n)
+    assert (bf16.params_bytes, bf16.grads_bytes, bf16.optimizer_bytes) == (2 * n, 2 * n, 4 * n)
