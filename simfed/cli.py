@@ -85,7 +85,7 @@ _SET = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--robustness", is_flag=True,
               help="Also simulate the scenario under each of the model's known errors "
                    "(compute, NVLink and network collectives, GPU variation, HYBRID_SHARD's "
-                   "ratio to FULL_SHARD, debug checks; "
+                   "ratio to FULL_SHARD, debug checks, a trainer's metric sync; "
                    "sizes from the published validation) and say whether the winner holds.")
 @_SET
 def run(scenario: str, json_path: str | None, trace_dir: str | None, trace_steps: int | None,

@@ -69,14 +69,15 @@ def memory_breakdown(
     p = model.dtype_nbytes
     shard_params = -(-model.total_params // shard)
     states = 2 if train.optimizer == "adamw" else 0
-    master = max(p, dtype_nbytes(train.optimizer_state_dtype))  # the sharded params and grads
+    s = dtype_nbytes(train.optimizer_state_dtype)
+    master = max(p, s)  # the sharded params and grads
     activations = activation_bytes(model, train)
     largest_unit = max(u.nbytes for u in model.units(train.seq_len))
     unsharded = (peak_unsharded_units_bytes + largest_unit) if shard > 1 else 0.0
     return MemoryBreakdown(
         params_bytes=shard_params * master,
         grads_bytes=shard_params * master,
-        optimizer_bytes=shard_params * states * dtype_nbytes(train.optimizer_state_dtype),
+        optimizer_bytes=shard_params * states * s,
         unsharded_bytes=unsharded,
         activations_bytes=activations,
         overhead_bytes=GiB_to_bytes(mem.overhead_GiB),

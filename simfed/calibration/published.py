@@ -113,11 +113,8 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     errs = sorted(abs(r["error"]) for r in check)
     k = math.ceil(0.9 * len(errs))
     signed = statistics.median(r["error"] for r in check)
-    by_fw: dict[str, list[float]] = {}
-    for r in check:
-        by_fw.setdefault(r.get("framework") or "", []).append(r["error"])
-    fw = max(abs(statistics.median(v) - signed) for v in by_fw.values())
-    gpu = max(abs(g["median_error"] - signed) for g in by_gpu_type(check))
+    fw, gpu = (max(abs(g["median_error"] - signed) for g in by_group(check, key))
+               for key in ("framework", "gpu_type"))
     per_doubling = [abs(x["difference"]) / math.log2(x["gpus"][1] / x["gpus"][0])
                     for x in scale_losses(check) if x["gpus"][1] > x["gpus"][0]]
     fits = [1.0 - r["peak_memory_GiB"] / r["capacity_GiB"] for r in rows if r["fits_memory"]]
@@ -204,17 +201,19 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def by_gpu_type(rows: list[dict[str, Any]], which: str = "check") -> list[dict[str, Any]]:
-    """Per GPU type (the cluster file's GPU name) of one set's runs: the count, the median
-    |error| and the median signed error, in order of count (what `widen.gpu_type` reads)."""
+def by_group(rows: list[dict[str, Any]], key: str, which: str = "check"
+             ) -> list[dict[str, Any]]:
+    """Per value of a row's `key` (`framework`, `gpu_type`: the cluster file's GPU name) over
+    one set's runs: the count, the median |error| and the median signed error, in order of
+    count (what `widen.framework` and `widen.gpu_type` read)."""
     by: dict[str, list[float]] = {}
     for r in rows:
         if r["set"] == which:
-            by.setdefault(r.get("gpu_type") or "", []).append(r["error"])
-    return sorted(({"gpu_type": k, "cases": len(v),
+            by.setdefault(r.get(key) or "", []).append(r["error"])
+    return sorted(({key: k, "cases": len(v),
                     "median_abs_error": statistics.median(abs(e) for e in v),
                     "median_error": statistics.median(v)} for k, v in by.items()),
-                  key=lambda x: (-x["cases"], x["gpu_type"]))
+                  key=lambda x: (-x["cases"], x[key]))
 
 
 def scale_losses(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -399,7 +398,7 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
                   "stored_hybrid_over_full": load_hybrid_over_full(folder)}
     return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
             "scale_losses": scale_losses(rows), "micro_batch_sweeps": sweeps(rows),
-            "hybrid_pairs": hybrid_pairs(rows), "by_gpu_type": by_gpu_type(rows), **claims,
+            "hybrid_pairs": hybrid_pairs(rows), "by_gpu_type": by_group(rows, "gpu_type"), **claims,
             "collectives": collective_cases(folder), "speedups": speedup_cases(folder),
             "collectives_calibrated": collective_cases(folder, calibrated=True),
             "shared_fabric": shared_fabric_cases(folder)}
