@@ -419,8 +419,23 @@ class ComputeModel:
                      else self._eager_memory_bound(t, d, kv, act_elems, p))
         for name, b in fwd_bytes.items():
             ks.append(self.memory_bound(name, b * (2.0 if bwd else 1.0)))
+        if bwd and mdl.bias and not self.compile:
+            ks.append(self.memory_bound("linear bias grads", self.bias_grad_bytes(linears, p)))
         ks.extend(self.fsdp_kernels(unit, direction))
         return ks
+
+    @staticmethod
+    def bias_grad_bytes(linears: list[tuple[str, int, int, int]], p: int) -> float:
+        """Bytes an eager layer's linear biases cost in backward (model.bias): nn.Linear runs
+        a contiguous 2-D or 3-D input with a bias as one `addmm` (aten/src/ATen/native/
+        Linear.cpp, `linear`), the bias added in the GEMM (cuBLASLt's bias epilogue: nothing
+        apart in forward); addmm's derivative passes the output gradient to its broadcast
+        bias (tools/autograd/derivatives.yaml: `self: maybe_multiply(grad, beta.conj())`),
+        and autograd sums it back to the bias's shape over the tokens (`sum_to`): one
+        reduction kernel a linear, reading its (tokens x out features) gradient once. A
+        compiled layer fuses the sum into the kernel that produces the gradient: not
+        charged."""
+        return float(sum(m * n for _, m, n, _ in linears) * p)
 
     def _eager_memory_bound(self, t: int, d: int, kv: int, act_elems: int, p: int
                             ) -> dict[str, float]:

@@ -210,6 +210,26 @@ def test_learned_positions_and_triton_views_drop_rope_and_layout_copies():
     assert emb.nbytes == (2 + 3) * 8192 * 4096 * 2
 
 
+def test_linear_biases_cost_one_reduction_over_each_output_gradient_in_backward():
+    """model.bias (MPT): each linear's bias gradient is autograd's sum of its (tokens x out
+    features) output gradient, one pass in backward; the forward bias add rides in the GEMM;
+    a compiled layer fuses the sums; a model without biases pays nothing."""
+    biased = replace(MODEL, bias=True)
+    layer = biased.units(4096)[1]
+    cm = ComputeModel(hw=_hw(), rt=RT, tokens_per_gpu=8192, model=biased, seq_len=4096)
+    (grads,) = [k for k in cm.unit_kernels(layer, "backward") if k.name == "linear bias grads"]
+    # q, k, v (4096 + 2 x 1024), attention out 4096, gate+up 2 x 11008, down 4096: bf16
+    assert grads.nbytes == 8192 * (4096 + 2 * 1024 + 4096 + 2 * 11008 + 4096) * 2
+    assert cm.backward_s(layer) - _cm().backward_s(layer) == pytest.approx(grads.time_s)
+    assert cm.forward_s(layer) == _cm().forward_s(layer)
+    compiled = ComputeModel(hw=_hw(), rt=RT, tokens_per_gpu=8192, model=biased, seq_len=4096,
+                            compile=True)
+    assert all(k.name != "linear bias grads"
+               for k in compiled.unit_kernels(layer, "backward"))
+    assert all(k.name != "linear bias grads"
+               for k in _cm().unit_kernels(MODEL.units(4096)[1], "backward"))
+
+
 def _train(**kw) -> TrainingSpec:
     return TrainingSpec(seq_len=4096, micro_batch=1, steps=1, **kw)
 

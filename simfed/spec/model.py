@@ -39,6 +39,10 @@ class ModelSpec:
         "swiglu", choices=("swiglu", "gelu"),
         doc="swiglu: gate, up (d x f) and down (f x d), Llama; gelu: up (d x f) and down "
         "(f x d), GPT/MPT (simulator only: realrun builds SwiGLU)")
+    bias: bool = param(
+        False, doc="the decoder layers' linear layers carry biases (GPT-2 and MPT's default; "
+        "Llama has none). The kernel model charges their gradients in backward (simulator "
+        "only; the bias parameters themselves, under 0.1% of a layer's, are not counted)")
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
