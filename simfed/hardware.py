@@ -47,6 +47,7 @@ class Hardware:
     # sorted by nodes
     shared_bandwidth: tuple[tuple[float, float], ...] = ()
     loaded_step_us: float = 0.0  # fabric.loaded_step_us
+    loaded_step_scope: str = "leaves"  # fabric.loaded_step_scope
     nodes_per_island: int = 0  # fabric.nodes_per_island (0: one island)
     loaded_step_island_us: float = 0.0  # fabric.loaded_step_island_us
 
@@ -83,6 +84,7 @@ class Hardware:
             sms=n.gpu.sms,
             shared_bandwidth=tuple(sorted((float(a), float(b)) for a, b in f.shared_bandwidth)),
             loaded_step_us=f.loaded_step_us,
+            loaded_step_scope=f.loaded_step_scope,
             nodes_per_island=f.nodes_per_island,
             loaded_step_island_us=f.loaded_step_island_us,
         )
@@ -116,12 +118,26 @@ class Hardware:
 
     def loaded_step_s(self, nodes: int) -> float:
         """The latency each step of a collective over `nodes` nodes pays under a training job's
-        load (fabric.loaded_step_us), with the island term once it spans more than one island
-        (fabric.loaded_step_island_us; nodes fill islands in order)."""
+        load (fabric.loaded_step_us), from where fabric.loaded_step_scope says (more than one
+        leaf switch, or more than one node), with the island term once it spans more than one
+        island (fabric.loaded_step_island_us; nodes fill islands in order)."""
+        if self.loaded_step_scope == "leaves" and not self.spans_leaves(nodes):
+            return 0.0
         us = self.loaded_step_us
         if self.nodes_per_island and nodes > self.nodes_per_island:
             us += self.loaded_step_island_us
         return us * 1e-6
+
+    def spans_leaves(self, nodes: int) -> bool:
+        """Whether `nodes` job nodes (the first ones) sit under more than one leaf switch:
+        `packed` fills a leaf before the next (a job's first node starts a leaf, as nodes fill
+        islands in order), `spread` deals nodes round-robin over leaves; an `ideal` fabric
+        has none, so any two nodes count."""
+        if nodes <= 1:
+            return False
+        if self.fabric == "ideal" or self.placement == "spread":
+            return True
+        return nodes > self.nodes_per_leaf
 
     def nodes_spanned(self, instances) -> int:
         """The most nodes any of a collective's ring instances spans."""

@@ -203,7 +203,7 @@ SOURCES = {
     "Headline: the paper's 512-GPU runs": [
         ["run", "scenarios/512gpu.yaml"],
         ["run", "scenarios/512gpu.yaml", "--set", "runtime.host.debug_checks=off"],
-        ["run", "scenarios/512gpu.yaml", "--set", "cluster.fabric.loaded_step_us=43.75"],
+        ["run", "scenarios/512gpu.yaml", "--set", "cluster.fabric.loaded_step_us=56.25"],
         ["run", "scenarios/512gpu.yaml", "--robustness"],
     ],
     "How accurate": [

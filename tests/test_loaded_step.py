@@ -18,7 +18,7 @@ def _shipped(scenario: str) -> float:
 @pytest.mark.parametrize("machine, scenarios, grid", [
     ("leonardo", ("scale-modalities-leonardo-2.7b.yaml", "scale-modalities-leonardo-6.7b.yaml",
                   "scale-modalities-leonardo-2.7b-hybrid.yaml",
-                  "scale-modalities-leonardo-6.7b-hybrid.yaml"), (37.5, 43.75, 50.0)),
+                  "scale-modalities-leonardo-6.7b-hybrid.yaml"), (50.0, 56.25, 62.5)),
     ("mn5", ("scale-modalities-mn5-2.7b.yaml", "scale-modalities-mn5-6.7b-hybrid.yaml"),
      (3.125, 6.25, 9.375)),
 ])

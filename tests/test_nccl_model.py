@@ -225,13 +225,16 @@ def test_shared_fabric_rows_are_sourced_and_the_mechanism_earns_its_place_on_the
 def test_loaded_step_latency_is_paid_per_network_step_of_the_algorithm_nccl_picked():
     """fabric.loaded_step_us: a ring all-gather over n ranks pays it n - 1 times (every step of
     the ring, not only its inter-node hops), a ring all-reduce 2(n - 1), a tree over n nodes
-    2 log2 n; NCCL's pick is made without it; inside a node and at 0 nothing changes."""
+    2 log2 n; NCCL's pick is made without it; inside a node and at 0 nothing changes (scope
+    nodes: from two nodes on)."""
     us = 100.0
+    scope = {"cluster.fabric.loaded_step_scope": "nodes"}
     for algos, op, nodes, steps in ((("ring",), "all_gather", 16, 127),
                                     (("ring",), "all_reduce", 16, 254),
                                     (("tree",), "all_reduce", 16, 2 * math.log2(16))):
         quiet = NcclModel(hw=_hw(), algorithms=algos)
-        loaded = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": us}), algorithms=algos)
+        loaded = NcclModel(hw=_hw(**scope, **{"cluster.fabric.loaded_step_us": us}),
+                           algorithms=algos)
         q, lo = quiet.best(op, 2**24, 8 * nodes, nodes), loaded.best(op, 2**24, 8 * nodes, nodes)
         assert (lo.algorithm, lo.protocol) == (q.algorithm, q.protocol)
         assert lo.time_s - q.time_s == pytest.approx(steps * us * 1e-6)
@@ -240,7 +243,7 @@ def test_loaded_step_latency_is_paid_per_network_step_of_the_algorithm_nccl_pick
     # an eighth of what a ring over all 8 GPUs of the same 16 nodes pays
     ring = dict(algorithms=("ring",))
     q, lo = (NcclModel(hw=_hw(**sets), **ring).best("all_reduce", 2**24, 16, 16)
-             for sets in ({}, {"cluster.fabric.loaded_step_us": us}))
+             for sets in ({}, {**scope, "cluster.fabric.loaded_step_us": us}))
     assert lo.time_s - q.time_s == pytest.approx(30 * us * 1e-6)
     inside = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": us}))
     base = NcclModel(hw=_hw())
@@ -250,6 +253,28 @@ def test_loaded_step_latency_is_paid_per_network_step_of_the_algorithm_nccl_pick
     m, m0 = NcclModel(hw=_hw(**{"cluster.fabric.loaded_step_us": 1e4})), NcclModel(hw=_hw())
     a, b = m.best("all_reduce", 2**26, 512, 64), m0.best("all_reduce", 2**26, 512, 64)
     assert (a.algorithm, a.protocol) == (b.algorithm, b.protocol) and a.time_s > b.time_s
+
+
+def test_the_loaded_step_starts_where_a_collective_leaves_its_leaf_switch():
+    """fabric.loaded_step_scope leaves (the default): packed nodes fill a leaf (32 nodes here)
+    before the next, so a ring over 32 nodes pays nothing and over 33 every step; spread
+    placement and an ideal fabric pay from two nodes; scope nodes pays from two nodes."""
+    us, ring = 100.0, dict(algorithms=("ring",))
+
+    def extra(nodes, **sets):
+        sets = {"cluster.nodes": 64, **sets}
+        a = NcclModel(hw=_hw(**sets), **ring).best("all_gather", 2**24, 8 * nodes, nodes)
+        b = NcclModel(hw=_hw(**sets, **{"cluster.fabric.loaded_step_us": us}),
+                      **ring).best("all_gather", 2**24, 8 * nodes, nodes)
+        return (b.time_s - a.time_s) / (us * 1e-6)
+
+    assert extra(2) == 0.0 and extra(32) == 0.0
+    assert extra(33) == pytest.approx(8 * 33 - 1)
+    assert extra(2, **{"cluster.fabric.placement": "spread"}) == pytest.approx(15)
+    assert extra(2, **{"cluster.fabric.topology": "ideal"}) == pytest.approx(15)
+    assert extra(2, **{"cluster.fabric.loaded_step_scope": "nodes"}) == pytest.approx(15)
+    hw = _hw()
+    assert not hw.spans_leaves(1) and not hw.spans_leaves(32) and hw.spans_leaves(33)
 
 
 def test_loaded_steps_hit_full_sharding_over_many_nodes_harder_than_hybrid():
@@ -280,7 +305,8 @@ def test_the_island_term_adds_to_each_step_once_a_collective_spans_more_than_one
     """fabric.loaded_step_island_us: a ring all-gather over 8 nodes of 4-node islands pays
     loaded_step_us + the island term per step; over the 4 nodes of one island, loaded_step_us
     alone; the choice is still NCCL's own."""
-    sets = {"cluster.fabric.loaded_step_us": 10.0, "cluster.fabric.nodes_per_island": 4}
+    sets = {"cluster.fabric.loaded_step_us": 10.0, "cluster.fabric.nodes_per_island": 4,
+            "cluster.fabric.loaded_step_scope": "nodes"}
     ring = dict(algorithms=("ring",))
     base = NcclModel(hw=_hw(**sets), **ring)
     isl = NcclModel(hw=_hw(**sets, **{"cluster.fabric.loaded_step_island_us": 30.0}), **ring)

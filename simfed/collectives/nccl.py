@@ -203,10 +203,10 @@ class NcclModel:
 
     def loaded_steps(self, ch: Choice, op: str, n: int, nodes: int) -> float:
         """The steps of a chosen algorithm that pay the fabric's loaded-step latency
-        (fabric.loaded_step_us), once a collective crosses nodes: every step of a ring over its
-        n ranks (n - 1, all-reduce 2(n - 1)), since in each step every rank sends to the next
-        at once and the step ends with its slowest, inter-node hop; tree, PAT and NVLS across
-        nodes their 2 log2 n over the n nodes."""
+        (fabric.loaded_step_us, from where Hardware.loaded_step_s says): every step of a ring
+        over its n ranks (n - 1, all-reduce 2(n - 1)), since in each step every rank sends to
+        the next at once and the step ends with its slowest, inter-node hop; tree, PAT and
+        NVLS across nodes their 2 log2 n over the n nodes."""
         lnodes = self._latency_nodes(nodes)
         if lnodes <= 1 or n < 2:
             return 0.0

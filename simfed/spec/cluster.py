@@ -92,8 +92,14 @@ class FabricSpec:
         "tuning model on this fabric under a training job's load (congestion, adaptive routing, "
         "proxy progress), paid per step of the algorithm NCCL picked once it crosses nodes (a "
         "ring over n ranks: n - 1, all-reduce 2(n - 1); a tree over n nodes: 2 log2 n); NCCL "
-        "picks without it. Fitted "
+        "picks without it; see loaded_step_scope. Fitted "
         "from a cluster's published scale studies (0: NCCL's model as is)")
+    loaded_step_scope: str = param(
+        "leaves", choices=("leaves", "nodes"),
+        doc="where loaded_step_us applies: leaves, once a collective's nodes span more than "
+        "one leaf switch (packed placement fills a leaf before the next; spread deals nodes "
+        "over leaves; an ideal fabric has no leaves): traffic under one leaf switch crosses no "
+        "link that other jobs share; nodes: once it crosses nodes")
     nodes_per_island: int = param(
         0, ge=0, doc="nodes in one island: the part of the fabric below its top switch layer (a "
         "three-layer fat tree's pod); 0: the fabric is one island")
