@@ -16,9 +16,10 @@ the criterion: the term is a scale loss, and the level of each study is the comp
 `--joint` fits the loaded step and the island term of a machine with islands together, the
 same rule over every pair of the two grids.
 
-The shipped values (docs/accuracy.md, "Fourth check") came from this rule on the fit set:
-Leonardo on the 6.25 us grid 0-100; MareNostrum 5's two terms jointly, each on the 3.125 us grid
-0-25 (`mn5 --joint`).
+The term is fitted for the scenarios' own `cluster.fabric.loaded_step_scope` (by default paid
+once a collective leaves its leaf switch). The shipped values (docs/accuracy.md, "Fourth check",
+Method 24) came from this rule on the fit set: Leonardo on the 6.25 us grid 0-100; MareNostrum 5's
+two terms jointly, each on the 3.125 us grid 0-25 (`mn5 --joint`).
 
 `--extrapolate SHARE` asks whether a cluster's small runs pin the term: each study alone, fitted
 by the same rule on its GPU counts up to SHARE of its largest, its loss to the largest count
