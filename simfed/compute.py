@@ -16,7 +16,8 @@ Two models, chosen by `runtime.compute.model`:
     `triton_attention_slowdown_forward/backward` (FlashAttention-2 paper, sec. 4.1).
   - memory-bound kernels at HBM bandwidth x `hbm_efficiency`: two RMSNorms, RoPE on q and k
     (`model.position: rope`), q/k/v layout copies (not for the Triton kernel, which reads
-    strided views), the MLP activation, two residual adds per layer; embedding gather, final norm
+    strided views; its backward concatenates dq, dk and dv into the projection's gradient), the
+    MLP activation, two residual adds per layer; embedding gather, final norm
     and cross-entropy over the logits on the root unit (`training.train_metric_passes` more
     forward cross-entropies: a trainer's metrics after each micro-batch); FSDP1's assembly of
     each unit's flat gradient (autograd's cat of the parameters' gradients), its cast to the
@@ -421,6 +422,8 @@ class ComputeModel:
             ks.append(self.memory_bound(name, b * (2.0 if bwd else 1.0)))
         if bwd and mdl.bias and not self.compile:
             ks.append(self.memory_bound("linear bias grads", self.bias_grad_bytes(linears, p)))
+        if bwd and self.attention == "triton" and not self.compile:
+            ks.append(self.memory_bound("q/k/v split grads", self.split_grad_bytes(t, d, kv, p)))
         ks.extend(self.fsdp_kernels(unit, direction))
         return ks
 
@@ -436,6 +439,19 @@ class ComputeModel:
         compiled layer fuses the sum into the kernel that produces the gradient: not
         charged."""
         return float(sum(m * n for _, m, n, _ in linears) * p)
+
+    @staticmethod
+    def split_grad_bytes(t: int, d: int, kv: int, p: int) -> float:
+        """Bytes the backward of the fused projection's split into q, k and v costs when they
+        reach the attention kernel as views (`training.attention: triton`): llm-foundry's
+        attention splits `Wqkv`'s output (`qkv.split` / `qkv.chunk`, llmfoundry/models/layers/
+        attention.py at b2a43a1; mosaicml/examples' MosaicGPT at 9fa3ceb) and the Triton
+        FlashAttention returns dq, dk and dv as three tensors (flash_attn_triton.py
+        `FlashAttnFunc.backward`), so autograd assembles the projection's output gradient by
+        concatenating them (split's derivative is a `cat`): one read and one write of a
+        (tokens x (d + 2 kv)) tensor. The kernel's own passes (its delta preprocessing and the
+        fp32 dq copy) belong to the attention kernel, whose slowdown is measured whole."""
+        return float(2 * t * (d + 2 * kv) * p)
 
     def _eager_memory_bound(self, t: int, d: int, kv: int, act_elems: int, p: int
                             ) -> dict[str, float]:

@@ -187,11 +187,15 @@ def test_triton_attention_is_flash_slowed_by_its_measured_ratios():
     for direction, ratio in (("forward", 1.4), ("backward", 2.0)):
         flash = {k.name: k for k in _cm(rt=rt).unit_kernels(unit, direction)}
         triton = {k.name: k for k in _cm(rt=rt, attention="triton").unit_kernels(unit, direction)}
-        # the Triton path reads q, k, v as strided views: no layout copies
-        assert flash.keys() - triton.keys() == {"qkv layout"} and triton.keys() <= flash.keys()
+        # the Triton path reads q, k, v as strided views: no layout copies (in backward, the
+        # cat of the split's gradients instead)
+        split = {"q/k/v split grads"} if direction == "backward" else set()
+        assert flash.keys() - triton.keys() == {"qkv layout"}
+        assert triton.keys() - flash.keys() == split
         assert triton["attention"].flops == flash["attention"].flops
         assert triton["attention"].time_s == pytest.approx(ratio * flash["attention"].time_s)
-        assert all(triton[n].time_s == flash[n].time_s for n in triton if n != "attention")
+        assert all(triton[n].time_s == flash[n].time_s for n in triton
+                   if n != "attention" and n not in split)
 
 
 def test_learned_positions_and_triton_views_drop_rope_and_layout_copies():
@@ -228,6 +232,25 @@ def test_linear_biases_cost_one_reduction_over_each_output_gradient_in_backward(
                for k in compiled.unit_kernels(layer, "backward"))
     assert all(k.name != "linear bias grads"
                for k in _cm().unit_kernels(MODEL.units(4096)[1], "backward"))
+
+
+def test_triton_views_pay_the_split_gradient_cat_in_backward_only():
+    """llm-foundry's Triton attention reads q, k, v as views of the fused projection, and its
+    backward returns dq, dk, dv apart: autograd concatenates them into the projection's output
+    gradient, one read and one write of (tokens x (d + 2 kv)); forward pays nothing, nor do
+    the flash path (its layout copies already cover it) and a compiled layer."""
+    layer = MODEL.units(4096)[1]
+
+    def cm(attention: str, compile: bool = False) -> ComputeModel:
+        return ComputeModel(hw=_hw(), rt=RT, tokens_per_gpu=8192, model=MODEL, seq_len=4096,
+                            attention=attention, compile=compile)
+
+    (cat,) = [k for k in cm("triton").unit_kernels(layer, "backward")
+              if k.name == "q/k/v split grads"]
+    assert cat.nbytes == 2 * 8192 * (4096 + 2 * 1024) * 2
+    assert all(k.name != "q/k/v split grads" for k in cm("triton").unit_kernels(layer, "forward"))
+    for other in (cm("flash"), cm("triton", compile=True)):
+        assert all(k.name != "q/k/v split grads" for k in other.unit_kernels(layer, "backward"))
 
 
 def _train(**kw) -> TrainingSpec:
