@@ -39,9 +39,12 @@ def test_the_sizes_come_from_the_published_validation(sizes):
 def test_the_paper_scenario_gets_every_perturbation(sizes):
     scn = load_scenario(SCENARIOS / "512gpu.yaml")
     ps = {p.name: p for p in perturbations(scn, sizes)}
-    # compute x2, NVLink, network x2, loaded network steps x2, GPU variation off, HYBRID_SHARD x2,
-    # checks x2
-    assert len(ps) == 12, list(ps)
+    # compute x2, NVLink, network x2, loaded network steps x2, GPU variation off and at its
+    # source's upper bound, HYBRID_SHARD x2, checks x2
+    assert len(ps) == 13, list(ps)
+    variation = [p.overrides["runtime.compute.gpu_variation"] for p in ps.values()
+                 if "runtime.compute.gpu_variation" in p.overrides]
+    assert variation == [0.0, 0.037] and scn.runtime.compute.gpu_variation < 0.037
     loaded = [p.overrides["cluster.fabric.loaded_step_us"] for p in ps.values()
               if "cluster.fabric.loaded_step_us" in p.overrides]
     assert loaded == [sizes["loaded_step_min"], sizes["loaded_step_max"]]
