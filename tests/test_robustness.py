@@ -8,7 +8,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from simfed.analysis.robustness import lines, perturbations, published_error_sizes
+from simfed.analysis.robustness import (
+    GPU_VARIATION,
+    GPU_VARIATION_MAX,
+    lines,
+    perturbations,
+    published_error_sizes,
+)
 from simfed.calibration.published import DEFAULT_DIR
 from simfed.cli import main
 from simfed.spec import load_scenario
@@ -60,6 +66,15 @@ def test_the_paper_scenario_gets_every_perturbation(sizes):
             if key.endswith("efficiency"):
                 assert 0 < value <= 1, (p.name, key, value)
     assert any(n.startswith("debug-check costs") for n in ps)  # the paper ran with DETAIL
+
+
+def test_the_variation_it_switches_on_is_the_shipped_profiles():
+    """GPU_VARIATION (turned on where a scenario has none) is the profiles' fitted value, and
+    GPU_VARIATION_MAX lies above it."""
+    for name in ("a100", "dgx-h100", "leonardo"):
+        profile = yaml.safe_load((SCENARIOS / "profiles" / f"{name}.yaml").read_text())
+        assert profile["compute"]["gpu_variation"] == GPU_VARIATION, name
+    assert GPU_VARIATION < GPU_VARIATION_MAX
 
 
 def test_hybrid_shard_is_perturbed_by_the_published_pairs(sizes):

@@ -221,8 +221,8 @@ def perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturbation]:
                                     {"runtime.compute.gpu_variation": GPU_VARIATION}))
         else:
             out.append(Perturbation("no GPU-to-GPU variation",
-                                    "every GPU at the same speed (the shipped profiles"
-                                    f"' {100 * GPU_VARIATION:.1f}% spread off)",
+                                    "every GPU at the same speed (the scenario's "
+                                    f"{100 * c.gpu_variation:.1f}% spread off)",
                                     {"runtime.compute.gpu_variation": 0.0}))
         if c.gpu_variation < GPU_VARIATION_MAX:
             out.append(Perturbation(
