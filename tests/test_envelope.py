@@ -98,6 +98,33 @@ def test_only_the_kernel_model_without_the_repository_folder_says_nothing(tmp_pa
     assert "widened for:" in lines[0] and lines[1].startswith("  GPUs 16,384")
 
 
+def test_an_algorithm_that_leans_on_its_collectives_gets_its_bands_bound():
+    """Each algorithm whose communication share reaches a band with a wider bound than the check
+    set's gets a line with that band's runs, median and bound (plus the scenario's widenings);
+    one under the lowest band gets none."""
+    env = published_envelope()
+    bands = env["claims"]["by_comm_share"]
+    scn = load_scenario("scenarios/512gpu.yaml")
+    node = scn.cluster.node
+    per_gpu_nic = node.nics.bw_Gbps * 1e9 / 8 * node.nics.count / node.gpus
+
+    def alg(label, share):
+        return {"label": label, "compute_s": 1.0,
+                "bytes_by_link_per_gpu": {"inter_node": share * per_gpu_nic, "nvlink": 0.0}}
+
+    top = bands[-1]
+    out = {"algorithms": [alg("FSDP", top["from"] + 0.05), alg("FL+FSDP", 0.05)]}
+    lines = for_run(scn, out=out)
+    mine = [x for x in lines if x.startswith("  FSDP: its collectives")]
+    assert len(mine) == 1 and f"take {top['from'] + 0.05:.2f}x its compute time" in mine[0]
+    assert (f"the {top['cases']} at {top['from']:.1f}x or more "
+            f"{100 * top['median_abs_error']:.1f}% median" in mine[0])
+    bound, _ = widened(scn, env, out)
+    extra = bound - env["claims"]["p90_abs_error"]
+    assert f"within {100 * (top['p90_abs_error'] + extra):.1f}% for 9 in 10" in mine[0]
+    assert not any(x.startswith("  FL+FSDP: its collectives") for x in lines)
+
+
 def test_run_prints_it_unless_quiet():
     res = CliRunner().invoke(main, ["run", "scenarios/h100-1024.yaml", "-a", "fsdp",
                                     "--set", "cluster.nodes=8", "--set", "training.steps=2"])

@@ -12,6 +12,7 @@ import yaml
 
 from simfed.calibration.published import (
     DEFAULT_DIR,
+    comm_share,
     derive_claims,
     derive_hybrid_over_full,
     hybrid_pairs,
@@ -21,7 +22,7 @@ from simfed.calibration.published import (
     scale_losses,
     validate_published,
 )
-from simfed.spec import SpecError
+from simfed.spec import SpecError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,6 +117,47 @@ def test_nine_in_ten_check_runs_lie_within_the_printed_bound(result):
     assert sum(e > bound - 0.001 for e in check) > len(check) // 10
 
 
+def test_each_communication_share_band_is_its_check_runs_errors(result):
+    """The claims by communication share: per band the check runs at or above its share, their
+    median and the smallest 0.1% bound 9 in 10 of them lie within; fit runs never count."""
+    bands = load_claims()["by_comm_share"]
+    assert [b["from"] for b in bands] == [0.2, 0.4, 0.6, 0.8]
+    check = [r for r in result["cases"] if r["set"] == "check"]
+    for b in bands:
+        errs = sorted(abs(r["error"]) for r in check if r["comm_share"] >= b["from"])
+        assert b["cases"] == len(errs) >= 5
+        assert b["median_abs_error"] == pytest.approx(statistics.median(errs), abs=0.001)
+        assert sum(e > b["p90_abs_error"] for e in errs) <= len(errs) // 10
+        assert sum(e > b["p90_abs_error"] - 0.001 for e in errs) > len(errs) // 10
+    # the check runs that lean on their collectives are predicted worse than the rest
+    assert bands[-1]["median_abs_error"] > bands[0]["median_abs_error"] > load_claims()[
+        "median_abs_error"]
+
+
+def test_the_communication_share_by_hand(result):
+    case = next(c for c in load_cases() if c["name"] == "modalities-mn5-13b-mbs1-8gpu")
+    scn = load_scenario(DEFAULT_DIR / case["scenario"], case["overrides"])
+    alg = {"bytes_by_link_per_gpu": {"inter_node": 25e9, "nvlink": 90e9}, "compute_s": 2.0}
+    # MareNostrum 5: one 200 Gb/s NIC per GPU (25 GB/s), NVLink 450 GB/s: the NICs' 1 s
+    assert comm_share(scn, alg) == pytest.approx(0.5)
+    assert comm_share(scn, dict(alg, compute_s=0.0)) == 0.0
+    row = next(r for r in result["cases"] if r["name"] == case["name"])
+    assert 0.5 < row["comm_share"] < 1.0  # mbs 1 of a 13B model over two nodes
+
+
+@pytest.mark.parametrize("text, what", [
+    ("claims: {by_comm_share: {from: 0.2}}", "claims.by_comm_share: expected a list"),
+    ("claims: {by_comm_share: [{from: 0.2, cases: 5, median_abs_error: 0.1}]}",
+     r"claims.by_comm_share\[0\].p90_abs_error: expected a number from 0 to 100, got None"),
+    ("claims: {by_comm_share: [{from: 0.2, cases: 0, median_abs_error: 0.1, "
+     "p90_abs_error: 0.2}]}", r"claims.by_comm_share\[0\].cases: expected a count"),
+])
+def test_malformed_communication_share_claims_are_one_clear_error(tmp_path, text, what):
+    (tmp_path / "cases.yaml").write_text("cases: []\n" + text + "\n")
+    with pytest.raises(SpecError, match=what):
+        load_claims(tmp_path)
+
+
 def test_the_claims_by_hand(result):
     check = [r for r in result["cases"] if r["set"] == "check"]
     errs = sorted(abs(r["error"]) for r in check)
@@ -200,6 +242,11 @@ def test_the_docs_state_the_check_sets_numbers():
     doc = (ROOT / "docs" / "accuracy.md").read_text()
     assert f"median |error| {100 * c['median_abs_error']:.1f}%" in doc
     assert f"within {100 * c['p90_abs_error']:.1f}% for 9 in 10" in doc
+    bands, flat = c["by_comm_share"], " ".join(doc.split())
+    assert ("9 in 10 within " + " / ".join(f"{100 * b['p90_abs_error']:.1f}" for b in bands)
+            + "%") in flat
+    assert ("median " + " / ".join(f"{100 * b['median_abs_error']:.1f}" for b in bands)
+            + "%") in flat
 
 
 # llm-foundry's Large Scale sweep (scripts/train/benchmarking/sweep.py @ 5e85bd62d): --attn_impl
@@ -329,3 +376,10 @@ def test_marenostrum5s_gemm_efficiency_and_host_time_are_the_fit_sets_choice():
     assert min(grid, key=grid.get) == (0.60, 70.0)
     # and the 80 GB parts' constant it replaces fits those runs worse
     assert median(0.64, 80.0) > grid[(0.60, 70.0)] + 0.005
+
+
+def test_the_folders_readme_names_the_newest_results_file():
+    from simfed.calibration.size_bias import newest_results
+
+    text = (DEFAULT_DIR / "README.md").read_text()
+    assert f"`{newest_results(DEFAULT_DIR).name}` holds the current model's per-case" in text

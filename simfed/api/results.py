@@ -206,8 +206,9 @@ class SimulationResult(_Record):
     def how_sure(self, scenario: Any) -> list[str]:
         """The "how sure" lines `simfed run` prints for this result of `scenario` (kernel compute
         model, no calibrated profile; [] otherwise): the published check set's error, widened
-        for what the validated runs do not cover, and the HYBRID / FULL pairs' ratio bounds for
-        a replicating HSDP it compares (simfed/calibration/envelope.py, docs/accuracy.md)."""
+        for what the validated runs do not cover, per algorithm the bound of the check runs that
+        lean as much on their collectives, and the HYBRID / FULL pairs' ratio bounds for a
+        replicating HSDP it compares (simfed/calibration/envelope.py, docs/accuracy.md)."""
         from ..calibration.envelope import for_run
 
         return for_run(scenario, out=self.to_dict())

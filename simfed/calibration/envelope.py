@@ -21,6 +21,11 @@ costs:
 Other quantities and settings outside the runs (nodes, parameters, sequence length, float8,
 debug checks, the fabric) are named without widening: the check set has no measure of what
 they cost.
+
+Inside the validated runs, the error grows with how near a step comes to waiting on its
+collectives (`published.comm_share`): each algorithm whose share reaches a band of the claims'
+`by_comm_share` with a wider bound than the whole check set's gets that band's median and
+9-in-10 bound, plus the widenings above.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from ..spec.scenario import Scenario
 from ..spec.schema import SpecError
 from .published import (
     DEFAULT_DIR,
+    comm_share,
     framework,
     hybrid_band,
     load_cases,
@@ -206,16 +212,45 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
             "docs/accuracy.md)")
     rest = outside(scn, env)
     hybrid = hybrid_line(out, env)
+    comm = comm_lines(scn, out, env, bound - float(c.get("p90_abs_error", 0.0)))
     if not factors and not rest:
-        return [head + "; this scenario lies within the validated runs", *hybrid]
+        return [head + "; this scenario lies within the validated runs", *comm, *hybrid]
     lines = [head]
     if factors:
         lines[0] += f"; here within {100 * bound:.1f}% for 9 in 10, widened for:"
         lines += [f"  {text}: +{100 * x:.1f} pp" for text, x in factors]
+    lines += comm
     if rest:
         lines.append("  also outside the validated runs (not widened, no check data): "
                      + "; ".join(rest))
     return lines + hybrid
+
+
+def comm_band(share: float, env: dict[str, Any]) -> dict[str, Any] | None:
+    """The claims' `by_comm_share` band a communication share falls in (the highest lower edge
+    at or below it), or None under the lowest."""
+    bands = [b for b in env["claims"].get("by_comm_share") or [] if share >= b["from"]]
+    return max(bands, key=lambda b: b["from"]) if bands else None
+
+
+def comm_lines(scn: Scenario, out: dict[str, Any] | None, env: dict[str, Any],
+               widen: float = 0.0) -> list[str]:
+    """One line per algorithm whose communication share falls in a band whose 9-in-10 bound is
+    wider than the whole check set's: its share, the band's check runs, median and bound (plus
+    `widen`, what the scenario's other factors add)."""
+    overall = float(env["claims"].get("p90_abs_error", float("nan")))
+    lines = []
+    for a in (out or {}).get("algorithms") or []:
+        share = comm_share(scn, a)
+        band = comm_band(share, env)
+        if band is None or not band["p90_abs_error"] > overall:
+            continue
+        lines.append(f"  {a.get('label', a.get('name'))}: its collectives at line rate take "
+                     f"{share:.2f}x its compute time, where the check runs err more: the "
+                     f"{band['cases']} at {band['from']:.1f}x or more "
+                     f"{100 * band['median_abs_error']:.1f}% median, here within "
+                     f"{100 * (band['p90_abs_error'] + widen):.1f}% for 9 in 10")
+    return lines
 
 
 def hybrid_line(out: dict[str, Any] | None, env: dict[str, Any] | None = None) -> list[str]:
