@@ -11,6 +11,9 @@ from click.testing import CliRunner
 from simfed.analysis.robustness import (
     GPU_VARIATION,
     GPU_VARIATION_MAX,
+    _apply_steps,
+    _by_name,
+    _comm_perturbations,
     lines,
     perturbations,
     published_error_sizes,
@@ -131,6 +134,39 @@ def test_hybrid_shards_step_is_scaled_and_the_rest_recomputed(tmp_path):
     # slow enough, HSDP no longer beats FSDP
     assert _apply_hybrid(data, {"min_gpus": 128, "below": 1.0, "at_scale": 10.0})[
         "algorithms"][1]["speedup"] < 1
+
+
+def test_collective_bound_algorithms_move_alone_by_their_bands_bound(sizes):
+    """An algorithm whose communication share reaches a band wider than the check set's bound
+    (cases.yaml claims.by_comm_share) is slowed and sped up by that band's bound, the others as
+    given; where every algorithm sits in the same band, or none in any, there is no such case."""
+    scn = load_scenario(SCENARIOS / "512gpu.yaml")
+    node = scn.cluster.node
+    per_gpu = node.nics.bw_Gbps * 1e9 / 8 * node.nics.count / node.gpus
+    top = sizes["by_comm_share"][-1]
+    assert top["p90_abs_error"] > sizes["compute"]
+
+    def alg(name, share):
+        return {"name": name, "label": name.upper(), "compute_s": 1.0, "step_time_s": 2.0,
+                "tokens_per_s": 100.0, "speedup": 1.0,
+                "bytes_by_link_per_gpu": {"inter_node": share * per_gpu, "nvlink": 0.0}}
+
+    out = {"baseline": "fsdp", "algorithms": [alg("fsdp", top["from"] + 0.01),
+                                              alg("fl_fsdp", 0.05)]}
+    ps = _comm_perturbations(scn, sizes, out)
+    b = top["p90_abs_error"]
+    assert [p.step_scale for p in ps] == [{"fsdp": 1 + b}, {"fsdp": 1 - b}]
+    assert ps[0].name.endswith("slower") and ps[1].name.endswith("faster")
+    assert f"FSDP within {100 * b:.1f}% for 9 in 10" in ps[0].why
+    faster = {a["name"]: a for a in _apply_steps(out, _by_name(ps[1].step_scale))["algorithms"]}
+    assert faster["fsdp"]["step_time_s"] == pytest.approx(2.0 * (1 - b))
+    assert faster["fl_fsdp"]["step_time_s"] == 2.0
+    assert faster["fl_fsdp"]["speedup"] == pytest.approx(1 - b)
+    alike = {"baseline": "fsdp", "algorithms": [alg("fsdp", top["from"] + 0.01),
+                                                alg("fl_fsdp", top["from"] + 0.02)]}
+    assert _comm_perturbations(scn, sizes, alike) == []
+    assert _comm_perturbations(scn, sizes, {"algorithms": [alg("fsdp", 0.01),
+                                                           alg("fl_fsdp", 0.02)]}) == []
 
 
 def test_one_node_without_debug_checks_gets_no_network_or_host_case(sizes):

@@ -12,9 +12,12 @@ variation (Sinha et al., SC22) on where the scenario has none and off where it h
 the source's upper bound (3.7%: its largest spread) where the scenario's is smaller,
 HYBRID_SHARD algorithms' steps by how far the published HYBRID / FULL pairs' predicted ratio
 ran from the published one (the one error of one algorithm's own mechanism with published runs
-to size it; applied to the results, not simulated again), and the host's debug-check costs and
-the trainer's metric-sync host ops halved and doubled where they are on (their constants are
-estimates). Every other perturbation moves every algorithm of the scenario at once; the report
+to size it; applied to the results, not simulated again), each algorithm that leans on its
+collectives alone by the bound of the check runs as communication-bound as it (cases.yaml
+claims.by_comm_share; where that is wider than the check set's bound; not simulated again),
+and the host's debug-check costs and the trainer's metric-sync host ops halved and doubled where
+they are on (their constants are estimates). Every other perturbation moves every algorithm of
+the scenario at once; the report
 gives each one's step time and speedup and which algorithm wins (first to the target loss where
 the scenario has one, else the highest tokens/s), so a user sees whether the ranking and the
 margin hold, not just one number.
@@ -49,6 +52,8 @@ class Perturbation:
     # not simulated again: HYBRID_SHARD algorithms' step times times the factor of the band
     # their sharded-and-replicated span lies in ({"min_gpus", "below", "at_scale"})
     hybrid_step: dict[str, float] | None = None
+    # not simulated again: these algorithms' step times times their factor ({name: factor})
+    step_scale: dict[str, float] | None = None
 
 
 def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
@@ -63,6 +68,8 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     if "p90_abs_error" not in claims:
         raise SpecError(f"{folder / 'cases.yaml'}: claims.p90_abs_error: missing")
     out = {"compute": float(claims["p90_abs_error"])}
+    if claims.get("by_comm_share"):
+        out["by_comm_share"] = claims["by_comm_share"]
     path = folder / "collectives.yaml"
     if path.is_file():
         rows = compare(path)
@@ -133,19 +140,63 @@ def _hybrid_perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturba
     return out
 
 
+def _comm_perturbations(scn: Scenario, sizes: dict[str, Any], out: dict[str, Any]
+                        ) -> list[Perturbation]:
+    """The algorithms that lean on their collectives: each whose communication share
+    (`published.comm_share`) reaches a band of the check runs (cases.yaml claims.by_comm_share)
+    with a wider 9-in-10 bound than the whole check set's, its step alone slower and faster by
+    that band's bound, the others as given (not simulated again). None where no algorithm, or
+    every one alike, has such a band: the compute perturbation moves them together."""
+    from ..calibration.published import comm_band, comm_share
+
+    bands, overall = sizes.get("by_comm_share") or [], sizes["compute"]
+    algs = out.get("algorithms") or []
+    found = {}
+    for a in algs:
+        band = comm_band(comm_share(scn, a), bands)
+        if band is not None and band["p90_abs_error"] > overall:
+            found[a["name"]] = (a["label"], float(band["p90_abs_error"]))
+    if len(algs) < 2 or not found or (
+            len(found) == len(algs) and len({b for _, b in found.values()}) == 1):
+        return []
+    who = ", ".join(label for label, _ in found.values())
+    pcts = sorted({round(100 * b) for _, b in found.values()})
+    why = ("the check runs as communication-bound as each (cases.yaml claims.by_comm_share): "
+           + "; ".join(f"{label} within {100 * b:.1f}% for 9 in 10" for label, b in
+                       found.values())
+           + "; those algorithms alone, not simulated again")
+    return [Perturbation(f"{who} {'-'.join(map(str, pcts))}% {word}", why,
+                         step_scale={n: 1.0 + sign * b for n, (_, b) in found.items()})
+            for sign, word in ((1, "slower"), (-1, "faster"))]
+
+
 def _apply_hybrid(out: dict[str, Any], factors: dict[str, float]) -> dict[str, Any]:
     """`out` with each HYBRID_SHARD algorithm's (plan.replicate > 1) step time, tokens/s and time
     to target scaled by its band's factor; speedups and the first to the target again."""
     from ..calibration.published import hybrid_band
 
-    res = {**out, "algorithms": [dict(a) for a in out["algorithms"]]}
-    for a in res["algorithms"]:
+    def factor(a: dict[str, Any]) -> float | None:
         plan = a.get("plan") or {}
         band = hybrid_band(plan.get("replicate", 1), plan.get("shard", 1),
                            int(factors["min_gpus"]))
-        if band is None:
+        return None if band is None else factors[band]
+
+    return _apply_steps(out, factor)
+
+
+def _by_name(scale: dict[str, float]) -> Callable[[dict[str, Any]], float | None]:
+    return lambda a: scale.get(a["name"])
+
+
+def _apply_steps(out: dict[str, Any], factor_of: Callable[[dict[str, Any]], float | None]
+                 ) -> dict[str, Any]:
+    """`out` with each algorithm's step time, tokens/s and time to target scaled by its factor
+    (None: as given); speedups and the first to the target again."""
+    res = {**out, "algorithms": [dict(a) for a in out["algorithms"]]}
+    for a in res["algorithms"]:
+        f = factor_of(a)
+        if f is None:
             continue
-        f = factors[band]
         a["step_time_s"] = a["step_time_s"] * f
         a["tokens_per_s"] = a["tokens_per_s"] / f
         if a.get("time_to_target_s") is not None:
@@ -288,9 +339,13 @@ def robustness(scenario: str | Path, overrides: dict[str, Any] | None, out: dict
         return {"skipped": f"the error sizes come from the published validation, and "
                            f"{folder / 'cases.yaml'} is not there"}
     rows = [_row("as given", "", out)]
-    for p in perturbations(base, published_error_sizes(folder)):
+    sizes = published_error_sizes(folder)
+    for p in perturbations(base, sizes) + _comm_perturbations(base, sizes, out):
         if p.hybrid_step is not None:
             rows.append(_row(p.name, p.why, _apply_hybrid(out, p.hybrid_step)))
+            continue
+        if p.step_scale is not None:
+            rows.append(_row(p.name, p.why, _apply_steps(out, _by_name(p.step_scale))))
             continue
         try:
             scn = (reload(p.overrides) if reload is not None else

@@ -41,6 +41,7 @@ from ..spec.scenario import Scenario
 from ..spec.schema import SpecError
 from .published import (
     DEFAULT_DIR,
+    comm_band,
     comm_share,
     framework,
     hybrid_band,
@@ -226,13 +227,6 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
     return lines + hybrid
 
 
-def comm_band(share: float, env: dict[str, Any]) -> dict[str, Any] | None:
-    """The claims' `by_comm_share` band a communication share falls in (the highest lower edge
-    at or below it), or None under the lowest."""
-    bands = [b for b in env["claims"].get("by_comm_share") or [] if share >= b["from"]]
-    return max(bands, key=lambda b: b["from"]) if bands else None
-
-
 def comm_lines(scn: Scenario, out: dict[str, Any] | None, env: dict[str, Any],
                widen: float = 0.0) -> list[str]:
     """One line per algorithm whose communication share falls in a band whose 9-in-10 bound is
@@ -242,7 +236,7 @@ def comm_lines(scn: Scenario, out: dict[str, Any] | None, env: dict[str, Any],
     lines = []
     for a in (out or {}).get("algorithms") or []:
         share = comm_share(scn, a)
-        band = comm_band(share, env)
+        band = comm_band(share, env["claims"].get("by_comm_share") or [])
         if band is None or not band["p90_abs_error"] > overall:
             continue
         lines.append(f"  {a.get('label', a.get('name'))}: its collectives at line rate take "

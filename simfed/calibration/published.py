@@ -88,6 +88,13 @@ def comm_share(scn: Any, alg: dict[str, Any]) -> float:
     return max(times) / compute
 
 
+def comm_band(share: float, bands: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The `by_comm_share` band a communication share falls in (the highest lower edge at or
+    below it), or None under the lowest."""
+    within = [b for b in bands if share >= b["from"]]
+    return max(within, key=lambda b: b["from"]) if within else None
+
+
 def comm_share_bands(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The check runs at or above each of COMM_SHARE_FROM's communication shares (`comm_share`
     of each run): their count, median |error| and the bound 9 in 10 of them lie within, rounded
