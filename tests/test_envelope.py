@@ -113,10 +113,11 @@ def test_an_algorithm_that_leans_on_its_collectives_gets_its_bands_bound():
                 "bytes_by_link_per_gpu": {"inter_node": share * per_gpu_nic, "nvlink": 0.0}}
 
     top = bands[-1]
-    out = {"algorithms": [alg("FSDP", top["from"] + 0.05), alg("FL+FSDP", 0.05)]}
+    out = {"algorithms": [alg("FSDP", top["from"] + 0.057), alg("FL+FSDP", 0.05)]}
     lines = for_run(scn, out=out)
     mine = [x for x in lines if x.startswith("  FSDP: its collectives")]
-    assert len(mine) == 1 and f"take {top['from'] + 0.05:.2f}x its compute time" in mine[0]
+    # the share shown cut, not rounded, to 0.01: never above the band it is in
+    assert len(mine) == 1 and f"take {top['from'] + 0.05:.2f}x its compute time," in mine[0]
     assert (f"the {top['cases']} at {top['from']:.1f}x or more "
             f"{100 * top['median_abs_error']:.1f}% median" in mine[0])
     bound, _ = widened(scn, env, out)

@@ -240,7 +240,8 @@ def comm_lines(scn: Scenario, out: dict[str, Any] | None, env: dict[str, Any],
         if band is None or not band["p90_abs_error"] > overall:
             continue
         lines.append(f"  {a.get('label', a.get('name'))}: its collectives at line rate take "
-                     f"{share:.2f}x its compute time, where the check runs err more: the "
+                     f"{math.floor(100 * share) / 100:.2f}x its compute time, where the "
+                     f"check runs err more: the "
                      f"{band['cases']} at {band['from']:.1f}x or more "
                      f"{100 * band['median_abs_error']:.1f}% median, here within "
                      f"{100 * (band['p90_abs_error'] + widen):.1f}% for 9 in 10")
