@@ -31,13 +31,32 @@ def test_the_envelope_is_the_published_runs_range_and_their_claims():
                                       "deepspeed-zero3"}
 
 
+def _small_case():
+    """A validated run under the GPU counts of the claims' first `by_gpus` band."""
+    first = published_envelope()["claims"]["by_gpus"][0]["from"]
+    return next(c for c in load_cases() if c["gpus"] < first and not c.get("overrides"))
+
+
 def test_a_validated_run_gets_the_check_sets_bound():
     env = published_envelope()
-    case = load_cases()[0]
-    scn = load_scenario(DEFAULT_DIR / case["scenario"])
+    scn = load_scenario(DEFAULT_DIR / _small_case()["scenario"])
     bound, factors = widened(scn, env)
     assert factors == [] and outside(scn, env) == []
     assert bound == env["claims"]["p90_abs_error"]
+
+
+def test_a_run_at_scale_gets_the_bound_of_the_check_runs_at_its_gpu_count():
+    """From the claims' first `by_gpus` band up, a scenario gets the bound of the check runs at
+    or above its band's GPU count where that is wider than the whole check set's."""
+    env = published_envelope()
+    c = env["claims"]
+    for band in c["by_gpus"]:
+        assert band["p90_abs_error"] > c["p90_abs_error"]  # each wider, so each applies
+        scn = load_scenario("scenarios/h100-1024.yaml", {"cluster.nodes": band["from"] // 8})
+        bound, factors = widened(scn, env)
+        assert [t.split(":")[0] for t, _ in factors] == [f"GPUs {band['from']:,}"]
+        assert f"the {band['cases']} check runs at {band['from']:,} GPUs or more" in factors[0][0]
+        assert bound == pytest.approx(band["p90_abs_error"])
 
 
 def test_each_uncovered_factor_widens_by_the_check_sets_measure_of_it():
@@ -49,24 +68,28 @@ def test_each_uncovered_factor_widens_by_the_check_sets_measure_of_it():
     scn = load_scenario("scenarios/h100-1024.yaml", {"cluster.nodes": 2048,
                                                       "training.fsdp_version": 2})
     assert scenario_framework(scn) == "pytorch-fsdp2"
-    assert [t.split(" ")[0] for t, _ in widened(scn, env)[1]] == ["GPUs"]
+    assert [t.split(" ")[0] for t, _ in widened(scn, env)[1]] == ["GPUs", "GPUs"]
     env = {**env, "frameworks": [f for f in env["frameworks"] if f != "pytorch-fsdp2"]}
     bound, factors = widened(scn, env)
 
     doublings = math.log2(16384 / top)
-    assert [t.split(" ")[0] for t, _ in factors] == ["GPUs", "framework"]
-    assert factors[0][1] == pytest.approx(doublings * w["per_gpu_doubling"])
-    assert factors[1][1] == w["framework"]
+    assert [t.split(" ")[0] for t, _ in factors] == ["GPUs", "GPUs", "framework"]
+    at_scale = env["claims"]["by_gpus"][-1]["p90_abs_error"] - env["claims"]["p90_abs_error"]
+    assert factors[0][1] == pytest.approx(at_scale)  # the check runs at the most GPUs
+    assert factors[1][1] == pytest.approx(doublings * w["per_gpu_doubling"])
+    assert factors[2][1] == w["framework"]
     assert bound == pytest.approx(env["claims"]["p90_abs_error"] + sum(x for _, x in factors))
     # a GPU family no validated run had: the check set's largest GPU-type distance
-    b200 = load_scenario("scenarios/h100-1024.yaml", {"cluster.node.gpu.name": "B200"})
+    b200 = load_scenario("scenarios/h100-1024.yaml", {"cluster.node.gpu.name": "B200",
+                                                      "cluster.nodes": 4,
+                                                      "algorithms": [{"name": "fsdp"}]})
     bound, factors = widened(b200, env)
     assert [t.split(" ")[0] for t, _ in factors] == ["GPU"] and factors[0][1] == w["gpu_type"]
     assert "validated: A100, H100" in factors[0][0]
     assert not any(x.startswith("GPU") for x in outside(b200, env))
     # memory: a run whose peak leaves less headroom than any validated run (or does not fit)
     out = {"algorithms": [{"peak_memory_bytes": 79, "memory_capacity_bytes": 80}]}
-    one = load_scenario(DEFAULT_DIR / load_cases()[0]["scenario"])
+    one = load_scenario(DEFAULT_DIR / _small_case()["scenario"])
     bound, factors = widened(one, env, out)
     assert [t.split(":")[0] for t, _ in factors] == ["memory headroom"]
     assert bound == pytest.approx(env["claims"]["p90_abs_error"] + w["memory_headroom"])
@@ -120,15 +143,19 @@ def test_an_algorithm_that_leans_on_its_collectives_gets_its_bands_bound():
     assert len(mine) == 1 and f"take {top['from'] + 0.05:.2f}x its compute time," in mine[0]
     assert (f"the {top['cases']} at {top['from']:.1f}x or more "
             f"{100 * top['median_abs_error']:.1f}% median" in mine[0])
-    bound, _ = widened(scn, env, out)
-    extra = bound - env["claims"]["p90_abs_error"]
+    bound, factors = widened(scn, env, out)
+    # the GPU-count band is a floor the communication band replaces, not adds to
+    at_scale = sum(x for t, x in factors if t.startswith("GPUs 512:"))
+    assert at_scale > 0
+    extra = bound - env["claims"]["p90_abs_error"] - at_scale
     assert f"within {100 * (top['p90_abs_error'] + extra):.1f}% for 9 in 10" in mine[0]
     assert not any(x.startswith("  FL+FSDP: its collectives") for x in lines)
 
 
 def test_run_prints_it_unless_quiet():
     res = CliRunner().invoke(main, ["run", "scenarios/h100-1024.yaml", "-a", "fsdp",
-                                    "--set", "cluster.nodes=8", "--set", "training.steps=2"])
+                                    "--set", "cluster.nodes=4", "--set", "training.steps=2",
+                                    "--set", "algorithms.fl_hsdp.group_nodes=4"])
     assert res.exit_code == 0, res.output
     assert "how sure:" in res.output
     assert "this scenario lies within the validated runs" in res.output

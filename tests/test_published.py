@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simfed.calibration.claim_bands import comm_share
 from simfed.calibration.published import (
     DEFAULT_DIR,
-    comm_share,
     derive_claims,
     derive_hybrid_over_full,
     hybrid_pairs,
@@ -134,6 +134,21 @@ def test_each_communication_share_band_is_its_check_runs_errors(result):
         "median_abs_error"]
 
 
+def test_each_gpu_count_band_is_its_check_runs_errors(result):
+    """The claims by GPU count: per band the check runs at or above its GPU count."""
+    bands = load_claims()["by_gpus"]
+    assert [b["from"] for b in bands] == [64, 256, 1024]
+    check = [r for r in result["cases"] if r["set"] == "check"]
+    for b in bands:
+        errs = sorted(abs(r["error"]) for r in check if r["gpus"] >= b["from"])
+        assert b["cases"] == len(errs) >= 5
+        assert b["median_abs_error"] == pytest.approx(statistics.median(errs), abs=0.001)
+        assert sum(e > b["p90_abs_error"] for e in errs) <= len(errs) // 10
+        assert sum(e > b["p90_abs_error"] - 0.001 for e in errs) > len(errs) // 10
+    # the runs at scale are predicted worse than the check set as a whole
+    assert bands[-1]["median_abs_error"] > load_claims()["median_abs_error"]
+
+
 def test_the_communication_share_by_hand(result):
     case = next(c for c in load_cases() if c["name"] == "modalities-mn5-13b-mbs1-8gpu")
     scn = load_scenario(DEFAULT_DIR / case["scenario"], case["overrides"])
@@ -151,6 +166,8 @@ def test_the_communication_share_by_hand(result):
      r"claims.by_comm_share\[0\].p90_abs_error: expected a number from 0 to 100, got None"),
     ("claims: {by_comm_share: [{from: 0.2, cases: 0, median_abs_error: 0.1, "
      "p90_abs_error: 0.2}]}", r"claims.by_comm_share\[0\].cases: expected a count"),
+    ("claims: {by_gpus: [{from: -64, cases: 5, median_abs_error: 0.1, p90_abs_error: 0.2}]}",
+     r"claims.by_gpus\[0\].from: expected a number of 0 or more, got -64"),
 ])
 def test_malformed_communication_share_claims_are_one_clear_error(tmp_path, text, what):
     (tmp_path / "cases.yaml").write_text("cases: []\n" + text + "\n")
@@ -242,11 +259,12 @@ def test_the_docs_state_the_check_sets_numbers():
     doc = (ROOT / "docs" / "accuracy.md").read_text()
     assert f"median |error| {100 * c['median_abs_error']:.1f}%" in doc
     assert f"within {100 * c['p90_abs_error']:.1f}% for 9 in 10" in doc
-    bands, flat = c["by_comm_share"], " ".join(doc.split())
-    assert ("9 in 10 within " + " / ".join(f"{100 * b['p90_abs_error']:.1f}" for b in bands)
-            + "%") in flat
-    assert ("median " + " / ".join(f"{100 * b['median_abs_error']:.1f}" for b in bands)
-            + "%") in flat
+    flat = " ".join(doc.split())
+    for bands in (c["by_comm_share"], c["by_gpus"]):
+        assert ("9 in 10 within " + " / ".join(f"{100 * b['p90_abs_error']:.1f}" for b in bands)
+                + "%") in flat
+        assert ("median " + " / ".join(f"{100 * b['median_abs_error']:.1f}" for b in bands)
+                + "%") in flat
 
 
 # llm-foundry's Large Scale sweep (scripts/train/benchmarking/sweep.py @ 5e85bd62d): --attn_impl

@@ -167,6 +167,12 @@ def test_collective_bound_algorithms_move_alone_by_their_bands_bound(sizes):
     assert _comm_perturbations(scn, sizes, alike) == []
     assert _comm_perturbations(scn, sizes, {"algorithms": [alg("fsdp", 0.01),
                                                            alg("fl_fsdp", 0.02)]}) == []
+    # at a GPU count whose check runs have a wider bound still, no algorithm moves alone
+    big = load_scenario(SCENARIOS / "512gpu.yaml", {"cluster.nodes": 256,
+                                                    "algorithms.fl_hsdp.group_nodes": 32})
+    widest = max(b["p90_abs_error"] for b in sizes["by_comm_share"])
+    assert any(b["p90_abs_error"] > widest for b in sizes["by_gpus"])
+    assert _comm_perturbations(big, sizes, out) == []
 
 
 def test_one_node_without_debug_checks_gets_no_network_or_host_case(sizes):

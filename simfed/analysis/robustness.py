@@ -68,8 +68,9 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     if "p90_abs_error" not in claims:
         raise SpecError(f"{folder / 'cases.yaml'}: claims.p90_abs_error: missing")
     out = {"compute": float(claims["p90_abs_error"])}
-    if claims.get("by_comm_share"):
-        out["by_comm_share"] = claims["by_comm_share"]
+    for name in ("by_comm_share", "by_gpus"):
+        if claims.get(name):
+            out[name] = claims[name]
     path = folder / "collectives.yaml"
     if path.is_file():
         rows = compare(path)
@@ -143,18 +144,22 @@ def _hybrid_perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturba
 def _comm_perturbations(scn: Scenario, sizes: dict[str, Any], out: dict[str, Any]
                         ) -> list[Perturbation]:
     """The algorithms that lean on their collectives: each whose communication share
-    (`published.comm_share`) reaches a band of the check runs (cases.yaml claims.by_comm_share)
-    with a wider 9-in-10 bound than the whole check set's, its step alone slower and faster by
+    (`claim_bands.comm_share`) reaches a band of the check runs (cases.yaml claims.by_comm_share)
+    with a wider 9-in-10 bound than the whole check set's (and than the check runs' at the
+    scenario's GPU count, claims.by_gpus), its step alone slower and faster by
     that band's bound, the others as given (not simulated again). None where no algorithm, or
     every one alike, has such a band: the compute perturbation moves them together."""
-    from ..calibration.published import comm_band, comm_share
+    from ..calibration.claim_bands import band_of, comm_share
 
-    bands, overall = sizes.get("by_comm_share") or [], sizes["compute"]
+    bands, floor = sizes.get("by_comm_share") or [], sizes["compute"]
+    at_scale = band_of(float(scn.cluster.world), sizes.get("by_gpus") or [])
+    if at_scale is not None:  # the scenario's GPU count has a wider bound of its own
+        floor = max(floor, float(at_scale["p90_abs_error"]))
     algs = out.get("algorithms") or []
     found = {}
     for a in algs:
-        band = comm_band(comm_share(scn, a), bands)
-        if band is not None and band["p90_abs_error"] > overall:
+        band = band_of(comm_share(scn, a), bands)
+        if band is not None and band["p90_abs_error"] > floor:
             found[a["name"]] = (a["label"], float(band["p90_abs_error"]))
     if len(algs) < 2 or not found or (
             len(found) == len(algs) and len({b for _, b in found.values()}) == 1):

@@ -22,10 +22,11 @@ Other quantities and settings outside the runs (nodes, parameters, sequence leng
 debug checks, the fabric) are named without widening: the check set has no measure of what
 they cost.
 
-Inside the validated runs, the error grows with how near a step comes to waiting on its
-collectives (`published.comm_share`): each algorithm whose share reaches a band of the claims'
-`by_comm_share` with a wider bound than the whole check set's gets that band's median and
-9-in-10 bound, plus the widenings above.
+Inside the validated runs, the error grows with the GPUs a run spans and with how near its step
+comes to waiting on its collectives (`claim_bands.comm_share`): a scenario at a GPU count whose
+band of the claims' `by_gpus` has a wider bound than the whole check set's gets that bound, and
+each algorithm whose share reaches a band of `by_comm_share` wider still gets that band's, plus
+the widenings above.
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ import yaml
 
 from ..spec.scenario import Scenario
 from ..spec.schema import SpecError
+from .claim_bands import band_of, comm_share
 from .published import (
     DEFAULT_DIR,
-    comm_band,
-    comm_share,
     framework,
     hybrid_band,
     load_cases,
@@ -145,6 +145,9 @@ def widened(scn: Scenario, env: dict[str, Any], out: dict[str, Any] | None = Non
     w = c.get("widen") or {}
     factors: list[tuple[str, float]] = []
     gpus = float(scn.cluster.world)
+    at_scale = gpu_band_increment(scn, env)
+    if at_scale is not None:
+        factors.append(at_scale)
     lo, hi = env["ranges"]["gpus"]
     if gpus > hi * 1.01 or gpus < lo * 0.99:
         d = abs(math.log2(gpus / (hi if gpus > hi else lo)))
@@ -164,6 +167,19 @@ def widened(scn: Scenario, env: dict[str, Any], out: dict[str, Any] | None = Non
         factors.append((f"memory headroom: {what} (validated runs: at least "
                         f"{100 * floor:.0f}%)", float(w.get("memory_headroom", 0.0))))
     return float(c.get("p90_abs_error", float("nan"))) + sum(x for _, x in factors), factors
+
+
+def gpu_band_increment(scn: Scenario, env: dict[str, Any]) -> tuple[str, float] | None:
+    """Where the check runs at the scenario's GPU count or more (claims `by_gpus`) lie within a
+    wider bound than the whole check set: that band, as a phrase and what it adds."""
+    c = env["claims"]
+    band = band_of(float(scn.cluster.world), c.get("by_gpus") or [])
+    extra = 0.0 if band is None else band["p90_abs_error"] - float(c.get("p90_abs_error", 0.0))
+    if band is None or not extra > 0:
+        return None
+    return (f"GPUs {scn.cluster.world:,}: the {band['cases']} check runs at {band['from']:,} GPUs "
+            f"or more err {100 * band['median_abs_error']:.1f}% median, 9 in 10 within "
+            f"{100 * band['p90_abs_error']:.1f}%", extra)
 
 
 def outside(scn: Scenario, env: dict[str, Any]) -> list[str]:
@@ -213,7 +229,9 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
             "docs/accuracy.md)")
     rest = outside(scn, env)
     hybrid = hybrid_line(out, env)
-    comm = comm_lines(scn, out, env, bound - float(c.get("p90_abs_error", 0.0)))
+    at_scale = gpu_band_increment(scn, env)
+    floor = float(c.get("p90_abs_error", 0.0)) + (at_scale[1] if at_scale else 0.0)
+    comm = comm_lines(scn, out, env, floor, bound - floor)
     if not factors and not rest:
         return [head + "; this scenario lies within the validated runs", *comm, *hybrid]
     lines = [head]
@@ -228,16 +246,18 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
 
 
 def comm_lines(scn: Scenario, out: dict[str, Any] | None, env: dict[str, Any],
-               widen: float = 0.0) -> list[str]:
+               floor: float | None = None, widen: float = 0.0) -> list[str]:
     """One line per algorithm whose communication share falls in a band whose 9-in-10 bound is
-    wider than the whole check set's: its share, the band's check runs, median and bound (plus
-    `widen`, what the scenario's other factors add)."""
-    overall = float(env["claims"].get("p90_abs_error", float("nan")))
+    wider than `floor` (default: the whole check set's; with a GPU-count band, that band's): its
+    share, the band's check runs, median and bound (plus `widen`, what the scenario's factors
+    beyond the validated runs add)."""
+    if floor is None:
+        floor = float(env["claims"].get("p90_abs_error", float("nan")))
     lines = []
     for a in (out or {}).get("algorithms") or []:
         share = comm_share(scn, a)
-        band = comm_band(share, env["claims"].get("by_comm_share") or [])
-        if band is None or not band["p90_abs_error"] > overall:
+        band = band_of(share, env["claims"].get("by_comm_share") or [])
+        if band is None or not band["p90_abs_error"] > floor:
             continue
         lines.append(f"  {a.get('label', a.get('name'))}: its collectives at line rate take "
                      f"{math.floor(100 * share) / 100:.2f}x its compute time, where the "

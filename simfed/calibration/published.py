@@ -21,6 +21,8 @@ from typing import Any
 
 from ..spec.schema import SpecError
 from . import published_files as files
+from .claim_bands import BANDS_FROM, check_bands, comm_share, validate_bands
+from .claim_bands import round_up as _round_up
 from .micro_batch import print_sweeps, sweeps
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "validation" / "published"
@@ -64,71 +66,6 @@ def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
 
 CLAIM_NUMBERS = ("median_abs_error", "p90_abs_error", "worst_abs_error", "memory_headroom_min")
 WIDEN_KEYS = ("per_gpu_doubling", "framework", "gpu_type", "memory_headroom")
-# lower edges of the communication-share bands the claims are also given for (steps of 0.2),
-# and the fewest check runs a band needs for a bound of its own
-COMM_SHARE_FROM = (0.2, 0.4, 0.6, 0.8)
-COMM_SHARE_MIN_CASES = 5
-
-
-def comm_share(scn: Any, alg: dict[str, Any]) -> float:
-    """How near one algorithm's step comes to waiting on its collectives: the bytes a GPU moves
-    per step over NVLink and over the NICs (`bytes_by_link_per_gpu`), each at the link's nominal
-    rate (the GPU's NVLink bw_GBps; its node's NIC line rate shared by its GPUs), the larger of
-    the two over the step's GPU compute time (`compute_s`); 0 without compute. Near 1 and above,
-    the step is as long as its collectives unless every byte overlaps compute."""
-    node = scn.cluster.node
-    per_gpu = alg.get("bytes_by_link_per_gpu") or {}
-    compute = float(alg.get("compute_s") or 0.0)
-    if compute <= 0:
-        return 0.0
-    nic_Bps = node.nics.bw_Gbps / 8 * 1e9 * node.nics.count / node.gpus
-    nvl_Bps = node.nvlink.bw_GBps * 1e9
-    times = [float(per_gpu.get("inter_node", 0.0)) / nic_Bps if nic_Bps > 0 else 0.0,
-             float(per_gpu.get("nvlink", 0.0)) / nvl_Bps if nvl_Bps > 0 else 0.0]
-    return max(times) / compute
-
-
-def comm_band(share: float, bands: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The `by_comm_share` band a communication share falls in (the highest lower edge at or
-    below it), or None under the lowest."""
-    within = [b for b in bands if share >= b["from"]]
-    return max(within, key=lambda b: b["from"]) if within else None
-
-
-def comm_share_bands(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The check runs at or above each of COMM_SHARE_FROM's communication shares (`comm_share`
-    of each run): their count, median |error| and the bound 9 in 10 of them lie within, rounded
-    up to 0.1%; a band with fewer than COMM_SHARE_MIN_CASES runs is left out."""
-    check = [r for r in rows if r["set"] == "check" and r.get("comm_share") is not None]
-    out = []
-    for edge in COMM_SHARE_FROM:
-        errs = sorted(abs(r["error"]) for r in check if r["comm_share"] >= edge)
-        if len(errs) < COMM_SHARE_MIN_CASES:
-            continue
-        out.append({"from": edge, "cases": len(errs),
-                    "median_abs_error": _round_up(statistics.median(errs)),
-                    "p90_abs_error": _round_up(errs[math.ceil(0.9 * len(errs)) - 1])})
-    return out
-
-
-def _check_bands(path: Path, bands: Any) -> list[dict[str, Any]]:
-    if not isinstance(bands, list):
-        raise SpecError(f"{path}: claims.by_comm_share: expected a list, got {bands!r}")
-    for i, b in enumerate(bands):
-        if not isinstance(b, dict):
-            raise SpecError(f"{path}: claims.by_comm_share[{i}]: expected a mapping, got {b!r}")
-        for key in ("from", "median_abs_error", "p90_abs_error"):
-            v = b.get(key)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 100:
-                raise SpecError(f"{path}: claims.by_comm_share[{i}].{key}: expected a number "
-                                f"from 0 to 100, got {v!r}")
-        n = b.get("cases")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise SpecError(f"{path}: claims.by_comm_share[{i}].cases: expected a count of 1 "
-                            f"or more, got {n!r}")
-    return bands
-
-
 def load_claims(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     """What the check set's errors give (cases.yaml `claims`, as `derive_claims` computes them
     and tests/test_published.py holds them): median_abs_error, p90_abs_error (9 in 10 of the
@@ -148,12 +85,9 @@ def load_claims(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
             if key in table and (isinstance(v, bool) or not isinstance(v, int | float)
                                  or v != v):
                 raise SpecError(f"{path}: {where}.{key}: expected a number, got {v!r}")
-    _check_bands(path, claims.get("by_comm_share") or [])
+    for name in BANDS_FROM:
+        validate_bands(path, name, claims.get(name) or [])
     return claims
-
-
-def _round_up(x: float, step: float = 0.001) -> float:
-    return round(math.ceil(x / step - 1e-9) * step, 6)
 
 
 def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -171,8 +105,8 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
       file's GPU name: what a GPU no validated run had adds);
     - widen.memory_headroom: the check set's median |error| once more (what an unvalidated
       memory regime adds);
-    - by_comm_share: the same median and bound over the check runs at or above each
-      communication share (`comm_share_bands`)."""
+    - by_comm_share, by_gpus: the same median and bound over the check runs at or above each
+      communication share (`comm_share`) and each GPU count (`check_bands`, BANDS_FROM)."""
     check = [r for r in rows if r["set"] == "check"]
     if not check:
         raise SpecError("validate --published: no check case to derive the claims from")
@@ -194,7 +128,8 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
                       "framework": _round_up(fw),
                       "gpu_type": _round_up(gpu),
                       "memory_headroom": _round_up(statistics.median(errs))},
-            "by_comm_share": comm_share_bands(rows)}
+            "by_comm_share": check_bands(rows, "comm_share", BANDS_FROM["by_comm_share"]),
+            "by_gpus": check_bands(rows, "gpus", BANDS_FROM["by_gpus"])}
 
 
 def predict_case(folder: Path, case: dict[str, Any],
@@ -518,13 +453,15 @@ def print_published(res: dict[str, Any], console: Any) -> None:
                       + ("cases.yaml claims agree" if same else
                          "cases.yaml claims differ: write these there (derive_claims)"),
                       highlight=False)
-    bands = (res.get("claims") or {}).get("by_comm_share") or []
-    if bands:
-        console.print("  by communication share (check set; collectives at line rate over "
-                      "compute): " + "; ".join(
-                          f"{b['from']:.1f}x or more {b['cases']} runs, median "
-                          f"{100 * b['median_abs_error']:.1f}%, 9 in 10 within "
-                          f"{100 * b['p90_abs_error']:.1f}%" for b in bands), highlight=False)
+    for name, what, unit in (("by_comm_share", "communication share (check set; collectives "
+                              "at line rate over compute)", "{:.1f}x"),
+                             ("by_gpus", "GPUs (check set)", "{:,} GPUs")):
+        bands = (res.get("claims") or {}).get(name) or []
+        if bands:
+            console.print(f"  by {what}: " + "; ".join(
+                f"{unit.format(b['from'])} or more {b['cases']} runs, median "
+                f"{100 * b['median_abs_error']:.1f}%, 9 in 10 within "
+                f"{100 * b['p90_abs_error']:.1f}%" for b in bands), highlight=False)
     types = res.get("by_gpu_type") or []
     if types:
         console.print("  by GPU type (check set): " + "; ".join(
