@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..spec.schema import SpecError
 
@@ -65,24 +67,28 @@ def check_bands(rows: list[dict[str, Any]], key: str, edges: tuple[float, ...]
     return out
 
 
+class Band(BaseModel):
+    """One band of `claims.by_comm_share` / `claims.by_gpus`."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    from_: Annotated[float, Field(alias="from", ge=0, allow_inf_nan=False)]
+    cases: Annotated[int, Field(ge=1)]
+    median_abs_error: Annotated[float, Field(ge=0, lt=100)]
+    p90_abs_error: Annotated[float, Field(ge=0, lt=100)]
+
+
 def validate_bands(path: Path, name: str, bands: Any) -> list[dict[str, Any]]:
-    """cases.yaml `claims.<name>` checked: a list of bands, each a lower edge `from`, a count of
-    `cases`, a `median_abs_error` and a `p90_abs_error`; one-line SpecError otherwise."""
+    """cases.yaml `claims.<name>` checked against `Band`, one band after another; a bad one is a
+    one-line SpecError naming the band and the field with what was found."""
     where = f"{path}: claims.{name}"
     if not isinstance(bands, list):
         raise SpecError(f"{where}: expected a list, got {bands!r}")
     for i, b in enumerate(bands):
-        if not isinstance(b, dict):
-            raise SpecError(f"{where}[{i}]: expected a mapping, got {b!r}")
-        v = b.get("from")
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9:
-            raise SpecError(f"{where}[{i}].from: expected a number of 0 or more, got {v!r}")
-        for key in ("median_abs_error", "p90_abs_error"):
-            v = b.get(key)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 100:
-                raise SpecError(f"{where}[{i}].{key}: expected a number from 0 to 100, "
-                                f"got {v!r}")
-        n = b.get("cases")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise SpecError(f"{where}[{i}].cases: expected a count of 1 or more, got {n!r}")
+        try:
+            Band.model_validate(b)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = "".join(f".{p}" for p in err["loc"] if isinstance(p, str))
+            what = ("missing" if err["type"] == "missing"
+                    else f"{err['msg'][0].lower()}{err['msg'][1:]}, got {err['input']!r}")
+            raise SpecError(f"{where}[{i}]{field}: {what}") from None
     return bands
