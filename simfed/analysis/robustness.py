@@ -14,7 +14,8 @@ HYBRID_SHARD algorithms' steps by how far the published HYBRID / FULL pairs' pre
 ran from the published one (the one error of one algorithm's own mechanism with published runs
 to size it; applied to the results, not simulated again), each algorithm that leans on its
 collectives alone by the bound of the check runs as communication-bound as it (cases.yaml
-claims.by_comm_share; where that is wider than the check set's bound; not simulated again),
+claims.by_comm_share; where that is wider than the scenario's bound, the check set's or, from
+64 GPUs, its GPU count's in claims.by_gpus; not simulated again),
 and the host's debug-check costs and the trainer's metric-sync host ops halved and doubled where
 they are on (their constants are estimates). Every other perturbation moves every algorithm of
 the scenario at once; the report
