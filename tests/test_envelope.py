@@ -26,7 +26,7 @@ def test_the_envelope_is_the_published_runs_range_and_their_claims():
     assert env["ranges"]["gpus"] == [min(gpus), max(gpus)]
     assert env["cases"] == len(gpus)
     assert env["claims"] == load_claims()
-    assert set(env["gpus_families"]) == {"A100", "H100"}
+    assert set(env["gpus_families"]) == {"A100", "H100", "H200"}
     assert set(env["frameworks"]) == {"pytorch-fsdp1", "pytorch-fsdp2", "jax-xla",
                                       "deepspeed-zero3"}
 
