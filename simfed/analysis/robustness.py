@@ -61,7 +61,8 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     """The validation's error magnitudes: `compute` the bound 9 in 10 of the held-out published
     runs' |tokens/s/GPU error| lie within (cases.yaml claims.p90_abs_error, from the check
     set); `nvlink` predicted / published busbw (median) of the
-    one-node rows from 1 to 64 MiB; `network` the median |error| of the multi-node rows."""
+    one-node rows from 1 to 64 MiB; `network` the median |error| of the multi-node rows;
+    `claims` the claims themselves (their bands by GPU count and communication share)."""
     from ..calibration.published import load_claims
     from ..calibration.published_collectives import compare
 
@@ -69,9 +70,7 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     if "p90_abs_error" not in claims:
         raise SpecError(f"{folder / 'cases.yaml'}: claims.p90_abs_error: missing")
     out = {"compute": float(claims["p90_abs_error"])}
-    for name in ("by_comm_share", "by_gpus"):
-        if claims.get(name):
-            out[name] = claims[name]
+    out["claims"] = claims
     path = folder / "collectives.yaml"
     if path.is_file():
         rows = compare(path)
@@ -150,18 +149,11 @@ def _comm_perturbations(scn: Scenario, sizes: dict[str, Any], out: dict[str, Any
     scenario's GPU count, claims.by_gpus), its step alone slower and faster by
     that band's bound, the others as given (not simulated again). None where no algorithm, or
     every one alike, has such a band: the compute perturbation moves them together."""
-    from ..calibration.claim_bands import band_of, comm_share
+    from ..calibration.claim_bands import collective_bound
 
-    bands, floor = sizes.get("by_comm_share") or [], sizes["compute"]
-    at_scale = band_of(float(scn.cluster.world), sizes.get("by_gpus") or [])
-    if at_scale is not None:  # the scenario's GPU count has a wider bound of its own
-        floor = max(floor, float(at_scale["p90_abs_error"]))
     algs = out.get("algorithms") or []
-    found = {}
-    for a in algs:
-        band = band_of(comm_share(scn, a), bands)
-        if band is not None and band["p90_abs_error"] > floor:
-            found[a["name"]] = (a["label"], float(band["p90_abs_error"]))
+    found = {a["name"]: (a["label"], float(band["p90_abs_error"]))
+             for a, _, band in collective_bound(scn, algs, sizes.get("claims") or {})}
     if len(algs) < 2 or not found or (
             len(found) == len(algs) and len({b for _, b in found.values()}) == 1):
         return []

@@ -50,6 +50,29 @@ def band_of(value: float, bands: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(within, key=lambda b: b["from"]) if within else None
 
 
+def scale_bound(gpus: float, claims: dict[str, Any]) -> float:
+    """The 9-in-10 bound a scenario on `gpus` GPUs gets inside the validated runs: the check
+    set's (claims `p90_abs_error`), or its GPU-count band's (`by_gpus`) where that is wider."""
+    overall = float(claims.get("p90_abs_error", float("nan")))
+    band = band_of(gpus, claims.get("by_gpus") or [])
+    return overall if band is None else max(overall, float(band["p90_abs_error"]))
+
+
+def collective_bound(scn: Any, algs: list[dict[str, Any]], claims: dict[str, Any]
+                     ) -> list[tuple[dict[str, Any], float, dict[str, Any]]]:
+    """The algorithms (result dicts) whose communication share falls in a band of claims
+    `by_comm_share` wider than `scale_bound` at the scenario's GPU count: (algorithm, share,
+    band) each."""
+    floor = scale_bound(float(scn.cluster.world), claims)
+    out = []
+    for a in algs:
+        share = comm_share(scn, a)
+        band = band_of(share, claims.get("by_comm_share") or [])
+        if band is not None and band["p90_abs_error"] > floor:
+            out.append((a, share, band))
+    return out
+
+
 def check_bands(rows: list[dict[str, Any]], key: str, edges: tuple[float, ...]
                 ) -> list[dict[str, Any]]:
     """The check runs whose `key` (`comm_share`, `gpus`) is at or above each edge: their count,

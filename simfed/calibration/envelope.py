@@ -40,7 +40,7 @@ import yaml
 
 from ..spec.scenario import Scenario
 from ..spec.schema import SpecError
-from .claim_bands import band_of, comm_share
+from .claim_bands import band_of, collective_bound, scale_bound
 from .published import (
     DEFAULT_DIR,
     framework,
@@ -173,8 +173,8 @@ def gpu_band_increment(scn: Scenario, env: dict[str, Any]) -> tuple[str, float] 
     """Where the check runs at the scenario's GPU count or more (claims `by_gpus`) lie within a
     wider bound than the whole check set: that band, as a phrase and what it adds."""
     c = env["claims"]
+    extra = scale_bound(float(scn.cluster.world), c) - float(c.get("p90_abs_error", 0.0))
     band = band_of(float(scn.cluster.world), c.get("by_gpus") or [])
-    extra = 0.0 if band is None else band["p90_abs_error"] - float(c.get("p90_abs_error", 0.0))
     if band is None or not extra > 0:
         return None
     return (f"GPUs {scn.cluster.world:,}: the {band['cases']} check runs at {band['from']:,} GPUs "
@@ -229,9 +229,7 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
             "docs/accuracy.md)")
     rest = outside(scn, env)
     hybrid = hybrid_line(out, env)
-    at_scale = gpu_band_increment(scn, env)
-    floor = float(c.get("p90_abs_error", 0.0)) + (at_scale[1] if at_scale else 0.0)
-    comm = comm_lines(scn, out, env, floor, bound - floor)
+    comm = comm_lines(scn, out, env, bound - scale_bound(float(scn.cluster.world), c))
     if not factors and not rest:
         return [head + "; this scenario lies within the validated runs", *comm, *hybrid]
     lines = [head]
@@ -246,26 +244,17 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
 
 
 def comm_lines(scn: Scenario, out: dict[str, Any] | None, env: dict[str, Any],
-               floor: float | None = None, widen: float = 0.0) -> list[str]:
-    """One line per algorithm whose communication share falls in a band whose 9-in-10 bound is
-    wider than `floor` (default: the whole check set's; with a GPU-count band, that band's): its
-    share, the band's check runs, median and bound (plus `widen`, what the scenario's factors
-    beyond the validated runs add)."""
-    if floor is None:
-        floor = float(env["claims"].get("p90_abs_error", float("nan")))
-    lines = []
-    for a in (out or {}).get("algorithms") or []:
-        share = comm_share(scn, a)
-        band = band_of(share, env["claims"].get("by_comm_share") or [])
-        if band is None or not band["p90_abs_error"] > floor:
-            continue
-        lines.append(f"  {a.get('label', a.get('name'))}: its collectives at line rate take "
-                     f"{math.floor(100 * share) / 100:.2f}x its compute time, where the "
-                     f"check runs err more: the "
-                     f"{band['cases']} at {band['from']:.1f}x or more "
-                     f"{100 * band['median_abs_error']:.1f}% median, here within "
-                     f"{100 * (band['p90_abs_error'] + widen):.1f}% for 9 in 10")
-    return lines
+               widen: float = 0.0) -> list[str]:
+    """One line per algorithm whose communication share falls in a band wider than the
+    scenario's bound (`claim_bands.collective_bound`): its share, the band's check runs, median
+    and bound (plus `widen`, what the scenario's factors beyond the validated runs add)."""
+    return [f"  {a.get('label', a.get('name'))}: its collectives at line rate take "
+            f"{math.floor(100 * share) / 100:.2f}x its compute time, where the check runs err "
+            f"more: the {band['cases']} at {band['from']:.1f}x or more "
+            f"{100 * band['median_abs_error']:.1f}% median, here within "
+            f"{100 * (band['p90_abs_error'] + widen):.1f}% for 9 in 10"
+            for a, share, band in collective_bound(scn, (out or {}).get("algorithms") or [],
+                                                   env["claims"])]
 
 
 def hybrid_line(out: dict[str, Any] | None, env: dict[str, Any] | None = None) -> list[str]:

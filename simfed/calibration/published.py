@@ -66,6 +66,8 @@ def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
 
 CLAIM_NUMBERS = ("median_abs_error", "p90_abs_error", "worst_abs_error", "memory_headroom_min")
 WIDEN_KEYS = ("per_gpu_doubling", "framework", "gpu_type", "memory_headroom")
+
+
 def load_claims(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     """What the check set's errors give (cases.yaml `claims`, as `derive_claims` computes them
     and tests/test_published.py holds them): median_abs_error, p90_abs_error (9 in 10 of the
