@@ -44,6 +44,8 @@ def test_every_case_has_a_scenario_and_a_source():
 
 THIRD_CHECK_TABLES = ("A100 40GB with 1600 Gbps node-node interconnect (RoCE)",
                       "H100 80GB BF16 (Large Scale, >= 128 GPUs)")
+THIRD_CHECK_TORCHTITAN = "d4c86e3758a84cf23e2e879ab3c995cba9d5e410"
+EIGHTH_CHECK_TORCHTITAN = "1ea476e9f24be439eda358aa864f45c1c37a8a88"
 
 
 def test_the_third_checks_tables_are_all_check():
@@ -51,7 +53,7 @@ def test_the_third_checks_tables_are_all_check():
     held-out check (validation/published/README.md, "Third check"): nothing is fitted on them."""
     third = [c for c in load_cases()
              if c["source"].get("table") in THIRD_CHECK_TABLES
-             or c["source"].get("file") == "docs/performance.md"]
+             or c["source"].get("commit") == THIRD_CHECK_TORCHTITAN]
     assert len(third) == 103
     assert {c["set"] for c in third} == {"check"}
     titan = [c for c in third if c["source"].get("repo") == "pytorch/torchtitan"]
@@ -66,6 +68,16 @@ def test_the_seventh_check_is_all_check_on_h200():
     assert [c["gpus"] for c in seventh] == [32, 64]
     assert {c["set"] for c in seventh} == {"check"} and {c["gpu"] for c in seventh} == {"H200"}
     assert len({c["study"] for c in seventh}) == 1
+
+
+def test_the_eighth_check_is_all_check_fsdp2_on_a100():
+    """torchtitan's April 2024 A100 tables were added as a held-out check
+    (validation/published/README.md, "Eighth check"): eight single runs on 64 A100 80GB."""
+    eighth = [c for c in load_cases() if c["source"].get("commit") == EIGHTH_CHECK_TORCHTITAN]
+    assert len(eighth) == 8 and {c["gpus"] for c in eighth} == {64}
+    assert {c["set"] for c in eighth} == {"check"} and {c["gpu"] for c in eighth} == {"A100"}
+    assert {c["framework"] for c in eighth} == {"pytorch-fsdp2"}
+    assert not any(c.get("study") for c in eighth)
 
 
 def test_a_scale_study_is_one_scenario_in_one_set_at_several_gpu_counts():

@@ -39,7 +39,7 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
 
 def test_the_shipped_files_load():
     cases = load_cases(PUBLISHED)
-    assert len(cases) == 375 and len({c["name"] for c in cases}) == 375
+    assert len(cases) == 383 and len({c["name"] for c in cases}) == 383
     assert sum(bool(c.get("study")) for c in cases) == 270
     coll = load_collectives(PUBLISHED / "collectives.yaml")
     assert coll["tables"] and coll["cases"] and "claims" in coll
