@@ -48,15 +48,19 @@ def test_the_sizes_come_from_the_published_validation(sizes):
 def test_the_paper_scenario_gets_every_perturbation(sizes):
     scn = load_scenario(SCENARIOS / "512gpu.yaml")
     ps = {p.name: p for p in perturbations(scn, sizes)}
-    # compute x2, NVLink, network x2, loaded network steps x2, GPU variation off and at its
-    # source's upper bound, HYBRID_SHARD x2, checks x2
-    assert len(ps) == 13, list(ps)
+    # compute x2, NVLink, network x2, loaded network steps x2, a quiet fabric (Leonardo's other
+    # jobs' traffic off), GPU variation off and at its source's upper bound, HYBRID_SHARD x2,
+    # checks x2
+    assert len(ps) == 14, list(ps)
+    assert ps["a quiet fabric"].overrides == {"cluster.fabric.shared_bandwidth": [],
+                                              "cluster.fabric.loaded_step_us": 0.0}
+    assert scn.cluster.fabric.shared_bandwidth
     variation = [p.overrides["runtime.compute.gpu_variation"] for p in ps.values()
                  if "runtime.compute.gpu_variation" in p.overrides]
     assert variation == [0.0, 0.037] and scn.runtime.compute.gpu_variation < 0.037
     loaded = [p.overrides["cluster.fabric.loaded_step_us"] for p in ps.values()
               if "cluster.fabric.loaded_step_us" in p.overrides]
-    assert loaded == [sizes["loaded_step_min"], sizes["loaded_step_max"]]
+    assert loaded == [sizes["loaded_step_min"], sizes["loaded_step_max"], 0.0]  # 0: quiet
     slower = ps[f"compute {100 * sizes['compute']:.0f}% slower"].overrides
     assert slower["runtime.compute.gemm_efficiency"] == pytest.approx(
         scn.runtime.compute.gemm_efficiency / (1 + sizes["compute"]))
@@ -184,7 +188,23 @@ def test_one_node_without_debug_checks_gets_no_network_or_host_case(sizes):
 
 def test_a_fabric_with_its_own_loaded_step_gets_no_loaded_step_case(sizes):
     scn = load_scenario(SCENARIOS / "512gpu.yaml", {"cluster.fabric.loaded_step_us": 100})
-    assert not any(p.name.startswith("network steps") for p in perturbations(scn, sizes))
+    names = [p.name for p in perturbations(scn, sizes)]
+    assert not any(n.startswith("network steps") for n in names)
+    assert "a quiet fabric" in names  # its loaded step off with the shared traffic
+
+
+def test_only_a_fabric_with_load_gets_the_quiet_case(sizes):
+    """A quiet fabric is a case only where the scenario's fabric carries other jobs' traffic or
+    a loaded step: off one, a scenario without either has nothing to switch off."""
+    quiet = load_scenario(SCENARIOS / "512gpu.yaml", {"cluster.fabric.shared_bandwidth": []})
+    assert quiet.cluster.fabric.loaded_step_us == 0
+    assert "a quiet fabric" not in [p.name for p in perturbations(quiet, sizes)]
+    loaded = load_scenario(SCENARIOS / "h100-1024.yaml", {"cluster.fabric.loaded_step_us": 12.5})
+    assert "a quiet fabric" in [p.name for p in perturbations(loaded, sizes)]
+    one_node = load_scenario(SCENARIOS / "h100-8b-float8.yaml",
+                             {"cluster.fabric.loaded_step_us": 12.5})
+    assert one_node.cluster.nodes == 1
+    assert "a quiet fabric" not in [p.name for p in perturbations(one_node, sizes)]
 
 
 def _run(tmp_path, scenario, *args):

@@ -7,7 +7,10 @@ inside a node by how much faster than published nccl-tests tables NCCL's model i
 MiB, the inter-node network by the published multi-node tables' median error
 (validation/published/collectives.yaml, as `simfed validate --published` compares them), the
 latency per network step under a training job's load at the least and the most any machine's
-published scale studies were fitted with (where the scenario's fabric has none), GPU-to-GPU
+published scale studies were fitted with (where the scenario's fabric has none), a quiet fabric
+(where the scenario's has other jobs' traffic or a loaded step: the same Leonardo nodes on an
+unshared InfiniBand service level, De Sensi et al. SC24, and Modalities' 2025 runs there fit
+it), GPU-to-GPU
 variation (Sinha et al., SC22) on where the scenario has none and off where it has some, and at
 the source's upper bound (3.7%: its largest spread) where the scenario's is smaller,
 HYBRID_SHARD algorithms' steps by how far the published HYBRID / FULL pairs' predicted ratio
@@ -263,6 +266,14 @@ def perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturbation]:
                 f"the {word} any machine's published scale studies were fitted with "
                 "(cluster.fabric.loaded_step_us, docs/accuracy.md)",
                 {"cluster.fabric.loaded_step_us": us}))
+    if scn.cluster.nodes > 1 and (fabric.shared_bandwidth or fabric.loaded_step_us > 0):
+        out.append(Perturbation(
+            "a quiet fabric",
+            "no other jobs' traffic and no loaded network steps: the same nodes on a service "
+            "level no other job shared ran at the quiet bandwidth "
+            "(De Sensi et al. SC24, Leonardo); Modalities' 2025 FSDP2 runs there fit it "
+            "(docs/accuracy.md)",
+            {"cluster.fabric.shared_bandwidth": [], "cluster.fabric.loaded_step_us": 0.0}))
     if scn.cluster.world > 1:  # the slowest GPU of each synchronous group: on or off
         if c.gpu_variation == 0:
             out.append(Perturbation(f"GPU-to-GPU variation {100 * GPU_VARIATION:.1f}%",
