@@ -9,8 +9,8 @@ MiB, the inter-node network by the published multi-node tables' median error
 latency per network step under a training job's load at the least and the most any machine's
 published scale studies were fitted with (where the scenario's fabric has none), a quiet fabric
 (where the scenario's has other jobs' traffic or a loaded step: the same Leonardo nodes on an
-unshared InfiniBand service level, De Sensi et al. SC24, and Modalities' 2025 runs there fit
-it), GPU-to-GPU
+unshared InfiniBand service level, De Sensi et al. SC24, and Modalities' 2025 runs there lie
+closer to it), GPU-to-GPU
 variation (Sinha et al., SC22) on where the scenario has none and off where it has some, and at
 the source's upper bound (3.7%: its largest spread) where the scenario's is smaller,
 HYBRID_SHARD algorithms' steps by how far the published HYBRID / FULL pairs' predicted ratio
@@ -271,7 +271,7 @@ def perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturbation]:
             "a quiet fabric",
             "no other jobs' traffic and no loaded network steps: the same nodes on a service "
             "level no other job shared ran at the quiet bandwidth "
-            "(De Sensi et al. SC24, Leonardo); Modalities' 2025 FSDP2 runs there fit it "
+            "(De Sensi et al. SC24, Leonardo); Modalities' 2025 FSDP2 runs there lie closer to it "
             "(docs/accuracy.md)",
             {"cluster.fabric.shared_bandwidth": [], "cluster.fabric.loaded_step_us": 0.0}))
     if scn.cluster.world > 1:  # the slowest GPU of each synchronous group: on or off
