@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from simfed.calibration.envelope import (
     for_run,
+    memory_lines,
     outside,
     published_envelope,
     scenario_framework,
@@ -187,3 +188,26 @@ def test_a_comparison_with_hybrid_shard_states_the_published_pairs_error():
     assert hybrid_line({"algorithms": [out["algorithms"][0], {"label": "FL+FSDP", "plan": {
         "replicate": 1, "shard": 4}}]}) == []
     assert hybrid_line(None) == []
+
+
+def test_a_peak_nearer_capacity_than_the_memory_error_is_not_settled():
+    """An algorithm whose predicted peak lies within the check runs' worst peak-memory error of
+    its GPU's capacity gets a line saying whether it fits is not settled; one further away,
+    none."""
+    env = published_envelope()
+    worst = env["claims"]["memory_worst_abs_error"]
+    cap = 80 * 2**30
+    algs = [{"label": "near", "peak_memory_bytes": cap * (1 - worst / 2),
+             "memory_capacity_bytes": cap},
+            {"label": "over", "peak_memory_bytes": cap * (1 + worst / 2),
+             "memory_capacity_bytes": cap},
+            {"label": "far", "peak_memory_bytes": cap * (1 - 2 * worst),
+             "memory_capacity_bytes": cap}]
+    lines = memory_lines({"algorithms": algs}, env)
+    assert len(lines) == 2
+    assert lines[0].startswith("  near: predicted peak memory") and "it may not fit" in lines[0]
+    assert lines[1].startswith("  over:") and lines[1].endswith("it may fit")
+    n = env["claims"]["memory_cases"]
+    assert f"the {n} check runs whose source gives their peak were within " \
+           f"{100 * worst:.1f}%" in lines[0]
+    assert memory_lines({"algorithms": algs}, {"claims": {}}) == []

@@ -208,6 +208,26 @@ def test_the_claims_by_hand(result):
         for t in types), abs=0.001)
 
 
+def test_peak_memory_is_predicted_against_the_runs_that_publish_it(result):
+    """Runs whose source gives their peak memory (torchtitan's tables: the allocator's reserved
+    peak) are scored on it too; the claims' memory numbers are those check runs' errors."""
+    rows = [r for r in result["cases"] if r["published_memory_GiB"] is not None]
+    assert len(rows) == 9 and {r["set"] for r in rows} == {"check"}
+    for r in rows:
+        assert r["memory_error"] == pytest.approx(
+            r["peak_memory_GiB"] / r["published_memory_GiB"] - 1.0)
+    errs = sorted(abs(r["memory_error"]) for r in rows)
+    m = result["memory"]["check"]
+    assert m["cases"] == 9 and m["median_abs_error"] == pytest.approx(statistics.median(errs))
+    c = load_claims()
+    assert c["memory_cases"] == 9
+    assert c["memory_median_abs_error"] == pytest.approx(statistics.median(errs), abs=0.001)
+    assert c["memory_worst_abs_error"] == pytest.approx(errs[-1], abs=0.001)
+    assert c["memory_worst_abs_error"] >= errs[-1]  # rounded up
+    assert all(r["memory_error"] is None for r in result["cases"]
+               if r["published_memory_GiB"] is None)
+
+
 def test_hybrid_over_full_is_what_the_pairs_give(result):
     """cases.yaml hybrid_over_full (what --robustness perturbs HSDP by) is derived again from a
     fresh validation's HYBRID / FULL pairs; each pair is the same run but for the sharding."""

@@ -51,6 +51,8 @@ def test_the_shipped_files_load():
      "cases[1].published_tokens_per_s_per_gpu: input should be a valid number"),
     (lambda d: d["cases"][1].update(published_tokens_per_s_per_gpu=-1),
      "cases[1].published_tokens_per_s_per_gpu: input should be greater than 0, got -1"),
+    (lambda d: d["cases"][1].update(published_peak_memory_GiB=0),
+     "cases[1].published_peak_memory_GiB: input should be greater than 0, got 0"),
     (lambda d: d["cases"][2].update(scenari="x.yaml"), "cases[2].scenari: extra inputs"),
     (lambda d: d["cases"][3].pop("source"), "cases[3].source: missing"),
     (lambda d: d["cases"].__setitem__(0, 5), "cases[0]: expected a mapping, got 5"),

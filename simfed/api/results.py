@@ -207,8 +207,10 @@ class SimulationResult(_Record):
         """The "how sure" lines `simfed run` prints for this result of `scenario` (kernel compute
         model, no calibrated profile; [] otherwise): the published check set's error, widened
         for what the validated runs do not cover, per algorithm the bound of the check runs that
-        lean as much on their collectives, and the HYBRID / FULL pairs' ratio bounds for a
-        replicating HSDP it compares (simfed/calibration/envelope.py, docs/accuracy.md)."""
+        lean as much on their collectives, for an algorithm whose predicted peak memory lies
+        within the published peaks' error of its GPU's capacity that whether it fits is not
+        settled, and the HYBRID / FULL pairs' ratio bounds for a replicating HSDP it compares
+        (simfed/calibration/envelope.py, docs/accuracy.md)."""
         from ..calibration.envelope import for_run
 
         return for_run(scenario, out=self.to_dict())

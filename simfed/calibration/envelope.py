@@ -231,12 +231,13 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
     hybrid = hybrid_line(out, env)
     comm = comm_lines(scn, out, env, bound - scale_bound(float(scn.cluster.world), c))
     if not factors and not rest:
-        return [head + "; this scenario lies within the validated runs", *comm, *hybrid]
+        return [head + "; this scenario lies within the validated runs", *comm,
+                *memory_lines(out, env), *hybrid]
     lines = [head]
     if factors:
         lines[0] += f"; here within {100 * bound:.1f}% for 9 in 10, widened for:"
         lines += [f"  {text}: +{100 * x:.1f} pp" for text, x in factors]
-    lines += comm
+    lines += comm + memory_lines(out, env)
     if rest:
         lines.append("  also outside the validated runs (not widened, no check data): "
                      + "; ".join(rest))
@@ -288,3 +289,25 @@ def hybrid_line(out: dict[str, Any] | None, env: dict[str, Any] | None = None) -
             f"+{100 * band['over']:.1f}% of the published for 9 in 10 (median "
             f"{100 * band['median_error']:+.1f}%; + overstates HYBRID)")
     return out_lines
+
+
+def memory_lines(out: dict[str, Any] | None, env: dict[str, Any]) -> list[str]:
+    """One line per algorithm whose predicted peak memory lies nearer its GPU's capacity than
+    the check runs' predicted peaks lay from their published ones (claims
+    memory_worst_abs_error): whether it fits is not settled."""
+    c = env["claims"]
+    worst, n = float(c.get("memory_worst_abs_error") or 0.0), int(c.get("memory_cases") or 0)
+    if not n or not worst:
+        return []
+    median = float(c.get("memory_median_abs_error") or 0.0)
+    lines = []
+    for a in (out or {}).get("algorithms") or []:
+        peak, cap = a.get("peak_memory_bytes"), a.get("memory_capacity_bytes")
+        if not peak or not cap or abs(peak / cap - 1.0) > worst:
+            continue
+        verdict = "it may not fit" if peak <= cap else "it may fit"
+        lines.append(
+            f"  {a.get('label', a.get('name'))}: predicted peak memory {peak / 2**30:.1f} of "
+            f"{cap / 2**30:.1f} GiB; the {n} check runs whose source gives their peak were "
+            f"within {100 * worst:.1f}% of it ({100 * median:.1f}% median): {verdict}")
+    return lines

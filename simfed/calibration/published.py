@@ -64,7 +64,8 @@ def load_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
     return cases
 
 
-CLAIM_NUMBERS = ("median_abs_error", "p90_abs_error", "worst_abs_error", "memory_headroom_min")
+CLAIM_NUMBERS = ("median_abs_error", "p90_abs_error", "worst_abs_error", "memory_headroom_min",
+                 "memory_cases", "memory_median_abs_error", "memory_worst_abs_error")
 WIDEN_KEYS = ("per_gpu_doubling", "framework", "gpu_type", "memory_headroom")
 
 
@@ -108,7 +109,9 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     - widen.memory_headroom: the check set's median |error| once more (what an unvalidated
       memory regime adds);
     - by_comm_share, by_gpus: the same median and bound over the check runs at or above each
-      communication share (`comm_share`) and each GPU count (`check_bands`, BANDS_FROM)."""
+      communication share (`comm_share`) and each GPU count (`check_bands`, BANDS_FROM);
+    - memory_cases, memory_median_abs_error, memory_worst_abs_error: the check runs whose source
+      gives their peak memory, and how far the predicted peak ran from it."""
     check = [r for r in rows if r["set"] == "check"]
     if not check:
         raise SpecError("validate --published: no check case to derive the claims from")
@@ -120,6 +123,7 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     per_doubling = [abs(x["difference"]) / math.log2(x["gpus"][1] / x["gpus"][0])
                     for x in scale_losses(check) if x["gpus"][1] > x["gpus"][0]]
     fits = [1.0 - r["peak_memory_GiB"] / r["capacity_GiB"] for r in rows if r["fits_memory"]]
+    mem = sorted(abs(r["memory_error"]) for r in check if r.get("memory_error") is not None)
     return {"check_cases": len(check),
             "median_abs_error": _round_up(statistics.median(errs)),
             "p90_abs_error": _round_up(errs[k - 1]),
@@ -131,7 +135,10 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
                       "gpu_type": _round_up(gpu),
                       "memory_headroom": _round_up(statistics.median(errs))},
             "by_comm_share": check_bands(rows, "comm_share", BANDS_FROM["by_comm_share"]),
-            "by_gpus": check_bands(rows, "gpus", BANDS_FROM["by_gpus"])}
+            "by_gpus": check_bands(rows, "gpus", BANDS_FROM["by_gpus"]),
+            "memory_cases": len(mem),
+            "memory_median_abs_error": _round_up(statistics.median(mem)) if mem else 0.0,
+            "memory_worst_abs_error": _round_up(mem[-1]) if mem else 0.0}
 
 
 def predict_case(folder: Path, case: dict[str, Any],
@@ -151,13 +158,17 @@ def predict_case(folder: Path, case: dict[str, Any],
     t = scn.training
     # what the run timed: its steps, or the host's step call (training.throughput_timer)
     pred = float(r.get("timed_tokens_per_s_per_gpu", r["tokens_per_s_per_gpu"]))
+    peak = r["peak_memory_bytes"] / 2**30
+    pub_mem = case.get("published_peak_memory_GiB")
     return {
         "name": case["name"], "set": case["set"], "gpu": case.get("gpu", ""),
         "study": case.get("study") or "", "framework": framework(case, scn),
         "gpus": scn.cluster.world, "model": scn.model.name,
         "gpu_type": scn.cluster.node.gpu.name,
         "published": pub, "predicted": pred, "error": pred / pub - 1.0,
-        "fits_memory": bool(r["fits"]), "peak_memory_GiB": r["peak_memory_bytes"] / 2**30,
+        "fits_memory": bool(r["fits"]), "peak_memory_GiB": peak,
+        "published_memory_GiB": pub_mem,
+        "memory_error": peak / float(pub_mem) - 1.0 if pub_mem else None,
         "capacity_GiB": r["memory_capacity_bytes"] / 2**30,
         "mfu": r["mfu"], "exposed_comm_s": r["exposed_comm_s"], "step_time_s": r["step_time_s"],
         "comm_share": comm_share(scn, r),
@@ -203,6 +214,21 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[name] = {"cases": len(sel), "median_abs_error": statistics.median(errs),
                      "worst": {"name": worst["name"], "error": worst["error"]},
                      "rejected_by_memory": sum(not r["fits_memory"] for r in sel)}
+    return out
+
+
+def memory_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per set, the runs whose source gives their peak memory: predicted peak against it (the
+    count, median |error|, median signed error and the worst run)."""
+    out: dict[str, Any] = {}
+    for s in SETS:
+        sel = [r for r in rows if r["set"] == s and r.get("memory_error") is not None]
+        if sel:
+            worst = max(sel, key=lambda r: abs(r["memory_error"]))
+            out[s] = {"cases": len(sel),
+                      "median_abs_error": statistics.median(abs(r["memory_error"]) for r in sel),
+                      "median_error": statistics.median(r["memory_error"] for r in sel),
+                      "worst": {"name": worst["name"], "error": worst["memory_error"]}}
     return out
 
 
@@ -404,6 +430,7 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
     return {"folder": str(folder), "cases": rows, "summary": summarise(rows),
             "scale_losses": scale_losses(rows), "micro_batch_sweeps": sweeps(rows),
             "hybrid_pairs": hybrid_pairs(rows), "by_gpu_type": by_group(rows, "gpu_type"), **claims,
+            "memory": memory_summary(rows),
             "collectives": collective_cases(folder), "speedups": speedup_cases(folder),
             "collectives_calibrated": collective_cases(folder, calibrated=True),
             "shared_fabric": shared_fabric_cases(folder)}
@@ -446,6 +473,11 @@ def print_published(res: dict[str, Any], console: Any) -> None:
                       f"{s['cases']} cases; worst {s['worst']['name']} "
                       f"{100 * s['worst']['error']:+.1f}%; rejected by the memory model "
                       f"{s['rejected_by_memory']}", highlight=False)
+    for name, m in (res.get("memory") or {}).items():
+        console.print(f"  peak memory, {name}: predicted against the {m['cases']} runs whose "
+                      f"source gives it, median |error| {100 * m['median_abs_error']:.1f}% (signed "
+                      f"{100 * m['median_error']:+.1f}%), worst {m['worst']['name']} "
+                      f"{100 * m['worst']['error']:+.1f}%", highlight=False)
     if any(r["set"] == "check" for r in res["cases"]) and "claims" in res:
         c, stored = res["claims"], res.get("stored_claims") or {}
         same = {k: stored.get(k) for k in c} == c

@@ -37,6 +37,9 @@ class PublishedRun(_Entry):
     scenario's training.fsdp_version as PyTorch FSDP)."""
     set: Literal["fit", "check"]
     published_tokens_per_s_per_gpu: Positive
+    # the run's peak GPU memory as its source gives it (torchtitan's tables: the caching
+    # allocator's reserved peak, which its training loop logs)
+    published_peak_memory_GiB: Positive | None = None
     gpu: str | None = None
     gpus: Count | None = None
     study: Annotated[str, Field(min_length=1)] | None = None
