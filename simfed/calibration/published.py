@@ -111,7 +111,7 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     - by_comm_share, by_gpus: the same median and bound over the check runs at or above each
       communication share (`comm_share`) and each GPU count (`check_bands`, BANDS_FROM);
     - memory_cases, memory_median_abs_error, memory_worst_abs_error: the check runs whose source
-      gives their peak memory, and how far the predicted peak ran from it."""
+      gives their peak memory, and how far the predicted peak ran from it (absent without one)."""
     check = [r for r in rows if r["set"] == "check"]
     if not check:
         raise SpecError("validate --published: no check case to derive the claims from")
@@ -124,6 +124,8 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     for x in scale_losses(check) if x["gpus"][1] > x["gpus"][0]]
     fits = [1.0 - r["peak_memory_GiB"] / r["capacity_GiB"] for r in rows if r["fits_memory"]]
     mem = sorted(abs(r["memory_error"]) for r in check if r.get("memory_error") is not None)
+    memory = {"memory_cases": len(mem), "memory_median_abs_error": _round_up(
+        statistics.median(mem)), "memory_worst_abs_error": _round_up(mem[-1])} if mem else {}
     return {"check_cases": len(check),
             "median_abs_error": _round_up(statistics.median(errs)),
             "p90_abs_error": _round_up(errs[k - 1]),
@@ -135,10 +137,7 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
                       "gpu_type": _round_up(gpu),
                       "memory_headroom": _round_up(statistics.median(errs))},
             "by_comm_share": check_bands(rows, "comm_share", BANDS_FROM["by_comm_share"]),
-            "by_gpus": check_bands(rows, "gpus", BANDS_FROM["by_gpus"]),
-            "memory_cases": len(mem),
-            "memory_median_abs_error": _round_up(statistics.median(mem)) if mem else 0.0,
-            "memory_worst_abs_error": _round_up(mem[-1]) if mem else 0.0}
+            "by_gpus": check_bands(rows, "gpus", BANDS_FROM["by_gpus"]), **memory}
 
 
 def predict_case(folder: Path, case: dict[str, Any],
