@@ -11,14 +11,17 @@ from click.testing import CliRunner
 from simfed.analysis.robustness import (
     GPU_VARIATION,
     GPU_VARIATION_MAX,
+    _apply_memory,
     _apply_steps,
     _by_name,
     _comm_perturbations,
+    _memory_perturbations,
+    _winner,
     lines,
     perturbations,
     published_error_sizes,
 )
-from simfed.calibration.published import DEFAULT_DIR
+from simfed.calibration.published import DEFAULT_DIR, load_claims
 from simfed.cli import main
 from simfed.spec import load_scenario
 
@@ -311,6 +314,55 @@ def test_without_a_target_the_winner_is_the_highest_throughput():
     assert _winner(out) == ("fl_fsdp", "highest tokens/s")
     out["convergence"] = {"target_loss": 3.0, "first_to_target": "FSDP"}
     assert _winner(out) == ("fsdp", "first to the target loss")
+
+
+def test_an_algorithm_that_does_not_fit_does_not_win():
+    algs = [{"name": "fsdp", "label": "FSDP", "tokens_per_s": 1.0, "fits": True},
+            {"name": "fl_fsdp", "label": "FL+FSDP", "tokens_per_s": 2.0, "fits": False}]
+    assert _winner({"algorithms": algs}) == ("fsdp", "highest tokens/s")
+    assert _winner({"algorithms": [dict(a, fits=False) for a in algs]})[0] is None
+    out = {"algorithms": algs, "convergence": {"target_loss": 3.0, "first_to_target": "FL+FSDP"}}
+    assert _winner(out) == (None, "first to the target loss")
+
+
+def test_a_peak_near_capacity_is_moved_by_the_published_peaks_error(sizes):
+    """Where an algorithm's predicted peak lies within the check runs' worst peak-memory error
+    of its GPU's capacity, every peak moves as far above and below as that error allows and
+    the fit verdicts follow; elsewhere no such case."""
+    w = sizes["memory"]
+    assert w == load_claims()["memory_worst_abs_error"]
+    cap = 64 * 2**30
+    algs = [{"name": "fsdp", "label": "FSDP", "tokens_per_s": 1.0, "fits": True,
+             "peak_memory_bytes": 0.5 * cap, "memory_capacity_bytes": cap},
+            {"name": "hsdp", "label": "HSDP", "tokens_per_s": 2.0, "fits": True,
+             "peak_memory_bytes": (1 - w / 2) * cap, "memory_capacity_bytes": cap}]
+    out = {"algorithms": algs}
+    ps = _memory_perturbations(sizes, out)
+    assert [p.memory_scale for p in ps] == [pytest.approx(1 / (1 - w)), pytest.approx(1 / (1 + w))]
+    assert ps[0].name == f"peak memory {100 * (1 / (1 - w) - 1):.1f}% higher"
+    higher = _apply_memory(out, ps[0].memory_scale)
+    assert [a["fits"] for a in higher["algorithms"]] == [True, False]
+    assert _winner(higher)[0] == "fsdp" and _winner(out)[0] == "hsdp"
+    assert all(a["fits"] for a in _apply_memory(out, ps[1].memory_scale)["algorithms"])
+    assert algs[1]["peak_memory_bytes"] == (1 - w / 2) * cap  # the given result is not touched
+    far = {"algorithms": [dict(a, peak_memory_bytes=0.5 * cap) for a in algs]}
+    assert _memory_perturbations(sizes, far) == []
+
+
+def test_the_first_to_the_target_fits_in_memory(tmp_path):
+    """With GPUs too small for the algorithms that hold whole model copies per group, the
+    first to the target is the one that fits, and the others are named as not ranked."""
+    _, data = _run(tmp_path, "512gpu-time-to-target.yaml", "--set",
+                   "cluster.node.gpu.memory_GiB=40")
+    fits = {a["label"]: a["fits"] for a in data["algorithms"]}
+    assert fits["FSDP"] and not any(v for k, v in fits.items() if k != "FSDP")
+    assert data["convergence"]["first_to_target"] == "FSDP"
+    assert data["robustness"]["winner_as_given"] == "fsdp"
+    res = CliRunner().invoke(main, ["run", str(SCENARIOS / "512gpu-time-to-target.yaml"),
+                                    "--set", "cluster.node.gpu.memory_GiB=40"])
+    text = " ".join(res.output.split())
+    assert "FSDP reaches it first; HSDP, FL+FSDP, FL+HSDP do not fit in memory, so not ranked" \
+        in text
 
 
 def test_without_the_published_folder_it_says_so(tmp_path):

@@ -123,8 +123,8 @@ def _time_band(a: dict[str, Any]) -> str:
 def unsettled(algorithms: list[dict[str, Any]], first: str | None) -> list[str]:
     """The labels of the algorithms whose [p10, p90] time to target starts inside the band of
     the first one (`first`: its label): which of them gets there first is not settled by the
-    convergence profile."""
-    algs = {a["label"]: a for a in algorithms}
+    convergence profile. An algorithm that does not fit its GPUs' memory is not among them."""
+    algs = {a["label"]: a for a in algorithms if a.get("fits", True) or a["label"] == first}
     if first not in algs or not algs[first].get("time_to_target_interval_s"):
         return []
     hi = algs[first]["time_to_target_interval_s"][1]
@@ -136,7 +136,10 @@ def unsettled(algorithms: list[dict[str, Any]], first: str | None) -> list[str]:
 
 def _close_to(out: dict[str, Any], first: str | None) -> str:
     close = unsettled(out["algorithms"], first)
-    return f"; {', '.join(close)} within its p10-p90 band (not settled)" if close else ""
+    unfit = [a["label"] for a in out["algorithms"] if not a.get("fits", True)]
+    return ((f"; {', '.join(close)} within its p10-p90 band (not settled)" if close else "")
+            + (f"; {', '.join(unfit)} {'does' if len(unfit) == 1 else 'do'} not fit in memory, "
+               "so not ranked" if unfit else ""))
 
 
 def convergence_lines(out: dict[str, Any]) -> list[str]:

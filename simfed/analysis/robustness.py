@@ -58,6 +58,9 @@ class Perturbation:
     hybrid_step: dict[str, float] | None = None
     # not simulated again: these algorithms' step times times their factor ({name: factor})
     step_scale: dict[str, float] | None = None
+    # not simulated again: every algorithm's predicted peak memory times the factor, and
+    # whether it fits its GPUs again
+    memory_scale: float | None = None
 
 
 def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
@@ -89,6 +92,8 @@ def published_error_sizes(folder: Path = DEFAULT_DIR) -> dict[str, Any]:
     pairs = load_hybrid_over_full(folder)
     if pairs:
         out["hybrid_over_full"] = pairs
+    if claims.get("memory_worst_abs_error"):
+        out["memory"] = float(claims["memory_worst_abs_error"])
     loaded = fitted_loaded_steps(folder)
     if loaded:
         out["loaded_step_min"], out["loaded_step_max"] = min(loaded.values()), max(loaded.values())
@@ -171,6 +176,45 @@ def _comm_perturbations(scn: Scenario, sizes: dict[str, Any], out: dict[str, Any
             for sign, word in ((1, "slower"), (-1, "faster"))]
 
 
+def _memory_perturbations(sizes: dict[str, Any], out: dict[str, Any]) -> list[Perturbation]:
+    """Where an algorithm's predicted peak memory lies within the check runs' worst
+    peak-memory error of its GPU's capacity (cases.yaml claims.memory_worst_abs_error, w):
+    every peak as far above and below as that error allows (published = predicted / (1 + e),
+    |e| <= w), and which algorithms fit again (not simulated again). None elsewhere: no fit
+    verdict could change."""
+    w = sizes.get("memory")
+    near = [a for a in out.get("algorithms") or [] if w and a.get("memory_capacity_bytes")
+            and abs(a["peak_memory_bytes"] / a["memory_capacity_bytes"] - 1.0) <= w]
+    if not near:
+        return []
+    why = (f"the check runs whose source gives their peak memory: predicted within {100 * w:.1f}% "
+           f"of it (cases.yaml claims.memory_worst_abs_error; {', '.join(a['label'] for a in near)}"
+           " that near capacity); every algorithm's peak, not simulated again")
+    return [Perturbation(f"peak memory {100 * abs(f - 1):.1f}% {word}", why, memory_scale=f)
+            for f, word in ((1.0 / (1.0 - w), "higher"), (1.0 / (1.0 + w), "lower"))]
+
+
+def _apply_memory(out: dict[str, Any], factor: float) -> dict[str, Any]:
+    """`out` with every algorithm's peak memory times `factor` and whether it fits again."""
+    res = {**out, "algorithms": [dict(a) for a in out["algorithms"]]}
+    for a in res["algorithms"]:
+        a["peak_memory_bytes"] = a["peak_memory_bytes"] * factor
+        if a.get("memory_capacity_bytes"):
+            a["fits"] = a["peak_memory_bytes"] <= a["memory_capacity_bytes"]
+    return _with_first_to_target(res)
+
+
+def _with_first_to_target(res: dict[str, Any]) -> dict[str, Any]:
+    """`res` with the first to the target loss again among the algorithms that fit."""
+    conv = res.get("convergence") or {}
+    if conv.get("target_loss") is not None:
+        reached = [a for a in res["algorithms"]
+                   if a.get("time_to_target_s") is not None and a.get("fits", True)]
+        res["convergence"] = {**conv, "first_to_target": min(
+            reached, key=lambda a: a["time_to_target_s"])["label"] if reached else None}
+    return res
+
+
 def _apply_hybrid(out: dict[str, Any], factors: dict[str, float]) -> dict[str, Any]:
     """`out` with each HYBRID_SHARD algorithm's (plan.replicate > 1) step time, tokens/s and time
     to target scaled by its band's factor; speedups and the first to the target again."""
@@ -209,12 +253,7 @@ def _apply_steps(out: dict[str, Any], factor_of: Callable[[dict[str, Any]], floa
                 res["algorithms"][0])
     for a in res["algorithms"]:
         a["speedup"] = base["step_time_s"] / a["step_time_s"]
-    conv = out.get("convergence") or {}
-    if conv.get("target_loss") is not None:
-        reached = [a for a in res["algorithms"] if a.get("time_to_target_s") is not None]
-        res["convergence"] = {**conv, "first_to_target": min(
-            reached, key=lambda a: a["time_to_target_s"])["label"] if reached else None}
-    return res
+    return _with_first_to_target(res)
 
 
 def _scaled(value: float, factor: float) -> float:
@@ -308,13 +347,17 @@ def perturbations(scn: Scenario, sizes: dict[str, Any]) -> list[Perturbation]:
 
 
 def _winner(out: dict[str, Any]) -> tuple[str | None, str]:
+    """The first to the target loss where the scenario has one, else the highest tokens/s; an
+    algorithm that does not fit its GPUs' memory does not win."""
     conv = out.get("convergence") or {}
+    fitting = [a for a in out["algorithms"] if a.get("fits", True)]
     if conv.get("target_loss") is not None:  # first_to_target: a label, or None: none gets there
         first = conv["first_to_target"]
-        name = next((a["name"] for a in out["algorithms"] if first in (a["name"], a["label"])),
-                    None)
+        name = next((a["name"] for a in fitting if first in (a["name"], a["label"])), None)
         return name, "first to the target loss"
-    best = max(out["algorithms"], key=lambda a: a["tokens_per_s"])
+    if not fitting:
+        return None, "highest tokens/s"
+    best = max(fitting, key=lambda a: a["tokens_per_s"])
     return best["name"], "highest tokens/s"
 
 
@@ -322,7 +365,7 @@ def _row(name: str, why: str, out: dict[str, Any]) -> dict[str, Any]:
     winner, by = _winner(out)
     return {"perturbation": name, "why": why, "winner": winner, "winner_by": by,
             "algorithms": {a["name"]: {"label": a["label"], "step_time_s": a["step_time_s"],
-                                       "speedup": a["speedup"],
+                                       "speedup": a["speedup"], "fits": a.get("fits", True),
                                        "time_to_target_s": a.get("time_to_target_s"),
                                        "time_to_target_interval_s":
                                            a.get("time_to_target_interval_s")}
@@ -349,7 +392,11 @@ def robustness(scenario: str | Path, overrides: dict[str, Any] | None, out: dict
                            f"{folder / 'cases.yaml'} is not there"}
     rows = [_row("as given", "", out)]
     sizes = published_error_sizes(folder)
-    for p in perturbations(base, sizes) + _comm_perturbations(base, sizes, out):
+    for p in (perturbations(base, sizes) + _comm_perturbations(base, sizes, out)
+              + _memory_perturbations(sizes, out)):
+        if p.memory_scale is not None:
+            rows.append(_row(p.name, p.why, _apply_memory(out, p.memory_scale)))
+            continue
         if p.hybrid_step is not None:
             rows.append(_row(p.name, p.why, _apply_hybrid(out, p.hybrid_step)))
             continue
@@ -440,7 +487,8 @@ def print_robustness(res: dict[str, Any], console: Any) -> None:
         cells = []
         for n in names:
             a = r["algorithms"][n]
-            cell = f"{fmt_s(a['step_time_s'])}\n{a['speedup']:.2f}x"
+            cell = f"{fmt_s(a['step_time_s'])}\n{a['speedup']:.2f}x" + (
+                "" if a.get("fits", True) else "\ndoes not fit")
             if target:
                 ttt = a.get("time_to_target_s")
                 cell += "\nto target " + (fmt_s(ttt) if ttt is not None else "never")

@@ -245,8 +245,8 @@ class SimulationResult(_Record):
 
     @property
     def first_to_target(self) -> str | None:
-        """The label of the algorithm that reaches the target loss first (None: no target, or
-        none reaches it)."""
+        """The label of the algorithm that reaches the target loss first among those that fit
+        their GPUs' memory (None: no target, or none of them reaches it)."""
         return (self.convergence or {}).get("first_to_target")
 
     def to_frame(self) -> Any:

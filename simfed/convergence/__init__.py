@@ -190,7 +190,9 @@ def attach(scn: Scenario, out: dict[str, Any]) -> None:
         a["convergence"] = res
     first = None
     if target is not None:
-        reached = [a for a in out["algorithms"] if a.get("time_to_target_s") is not None]
+        # an algorithm that does not fit its GPUs' memory cannot run, so it is not first
+        reached = [a for a in out["algorithms"]
+                   if a.get("time_to_target_s") is not None and a.get("fits", True)]
         if reached:
             first = min(reached, key=lambda a: a["time_to_target_s"])["label"]
     out["convergence"] = {
