@@ -12,6 +12,7 @@ from ..spec import SpecError
 from ..spec.cli_types import NonEmptyPath
 from ..spec.overrides import parse_sets
 from ..spec.paths import check_output
+from ..spec.yamlio import read_yaml
 from ..sweep.executors import EXECUTORS
 from ..sweep.grid import parse_vary
 from ..sweep.runner import SweepResult
@@ -119,6 +120,8 @@ def sweep_command(scenario: str, varies: tuple[str, ...], sets: tuple[str, ...],
     file = load_sweep_file(scenario) if is_sweep_file(scenario) else None
     axes = [parse_vary(v) for v in varies]
     if not axes and not (file and file.axes):
+        if file is None:  # a file that does not parse says so, not "nothing to vary"
+            read_yaml(scenario, "sweep")
         raise SpecError("nothing to vary: give --vary KEY=V1,V2,... (or a sweep file)")
     if not (csv_path or json_path):
         base = Path(out_dir or "results/sweeps") / (name or (file.name if file else

@@ -253,6 +253,19 @@ def test_cli_sweep_errors_are_one_line(tmp_path, args, message):
     assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize("text", ["foo: [\n", "sweep:\n  scenario: [\n"])
+def test_cli_sweep_of_a_file_that_does_not_parse_says_so(tmp_path, text):
+    """A malformed scenario or sweep file without --vary is named with its YAML error, not
+    taken for a scenario with nothing to vary."""
+    f = tmp_path / "broken.yaml"
+    f.write_text(text)
+    res = CliRunner().invoke(main, ["sweep", str(f), "--out", str(tmp_path), "-q"])
+    assert res.exit_code == 2
+    assert f"error: {f}: line " in res.output and "invalid YAML" in res.output
+    assert "nothing to vary" not in res.output and "Traceback" not in res.output
+    assert list(tmp_path.iterdir()) == [f]  # nothing written
+
+
 def test_cli_sweep_file_plus_command_line_axes(tmp_path):
     f = tmp_path / "grid.yaml"
     f.write_text(f"sweep:\n  scenario: {TINY}\n  set: {{training.steps: 1}}\n"
