@@ -182,9 +182,10 @@ def _memory_perturbations(sizes: dict[str, Any], out: dict[str, Any]) -> list[Pe
     every peak as far above and below as that error allows (published = predicted / (1 + e),
     |e| <= w), and which algorithms fit again (not simulated again). None elsewhere: no fit
     verdict could change."""
+    from ..calibration.claim_bands import fit_unsettled
+
     w = sizes.get("memory")
-    near = [a for a in out.get("algorithms") or [] if w and a.get("memory_capacity_bytes")
-            and abs(a["peak_memory_bytes"] / a["memory_capacity_bytes"] - 1.0) <= w]
+    near = [a for a in out.get("algorithms") or [] if w and fit_unsettled(a, w)]
     if not near:
         return []
     why = (f"the check runs whose source gives their peak memory: predicted within {100 * w:.1f}% "
@@ -206,12 +207,11 @@ def _apply_memory(out: dict[str, Any], factor: float) -> dict[str, Any]:
 
 def _with_first_to_target(res: dict[str, Any]) -> dict[str, Any]:
     """`res` with the first to the target loss again among the algorithms that fit."""
+    from ..convergence.predict import first_to_target
+
     conv = res.get("convergence") or {}
     if conv.get("target_loss") is not None:
-        reached = [a for a in res["algorithms"]
-                   if a.get("time_to_target_s") is not None and a.get("fits", True)]
-        res["convergence"] = {**conv, "first_to_target": min(
-            reached, key=lambda a: a["time_to_target_s"])["label"] if reached else None}
+        res["convergence"] = {**conv, "first_to_target": first_to_target(res["algorithms"])}
     return res
 
 

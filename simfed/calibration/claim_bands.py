@@ -73,6 +73,14 @@ def collective_bound(scn: Any, algs: list[dict[str, Any]], claims: dict[str, Any
     return out
 
 
+def fit_unsettled(alg: dict[str, Any], worst: float) -> bool:
+    """Whether an algorithm's (result dict's) predicted peak memory lies within `worst` (the
+    check runs' worst |peak-memory error|, claims memory_worst_abs_error) of its GPU's capacity,
+    on either side: whether it fits is not settled."""
+    peak, cap = alg.get("peak_memory_bytes"), alg.get("memory_capacity_bytes")
+    return bool(peak and cap) and abs(peak / cap - 1.0) <= worst
+
+
 def check_bands(rows: list[dict[str, Any]], key: str, edges: tuple[float, ...]
                 ) -> list[dict[str, Any]]:
     """The check runs whose `key` (`comm_share`, `gpus`) is at or above each edge: their count,

@@ -40,7 +40,7 @@ import yaml
 
 from ..spec.scenario import Scenario
 from ..spec.schema import SpecError
-from .claim_bands import band_of, collective_bound, scale_bound
+from .claim_bands import band_of, collective_bound, fit_unsettled, scale_bound
 from .published import (
     DEFAULT_DIR,
     framework,
@@ -230,14 +230,14 @@ def for_run(scn: Scenario, folder: Path = DEFAULT_DIR, out: dict[str, Any] | Non
     rest = outside(scn, env)
     hybrid = hybrid_line(out, env)
     comm = comm_lines(scn, out, env, bound - scale_bound(float(scn.cluster.world), c))
+    comm += memory_lines(out, env)
     if not factors and not rest:
-        return [head + "; this scenario lies within the validated runs", *comm,
-                *memory_lines(out, env), *hybrid]
+        return [head + "; this scenario lies within the validated runs", *comm, *hybrid]
     lines = [head]
     if factors:
         lines[0] += f"; here within {100 * bound:.1f}% for 9 in 10, widened for:"
         lines += [f"  {text}: +{100 * x:.1f} pp" for text, x in factors]
-    lines += comm + memory_lines(out, env)
+    lines += comm
     if rest:
         lines.append("  also outside the validated runs (not widened, no check data): "
                      + "; ".join(rest))
@@ -302,9 +302,9 @@ def memory_lines(out: dict[str, Any] | None, env: dict[str, Any]) -> list[str]:
     median = float(c.get("memory_median_abs_error") or 0.0)
     lines = []
     for a in (out or {}).get("algorithms") or []:
-        peak, cap = a.get("peak_memory_bytes"), a.get("memory_capacity_bytes")
-        if not peak or not cap or abs(peak / cap - 1.0) > worst:
+        if not fit_unsettled(a, worst):
             continue
+        peak, cap = a["peak_memory_bytes"], a["memory_capacity_bytes"]
         verdict = "it may not fit" if peak <= cap else "it may fit"
         lines.append(
             f"  {a.get('label', a.get('name'))}: predicted peak memory {peak / 2**30:.1f} of "

@@ -188,13 +188,7 @@ def attach(scn: Scenario, out: dict[str, Any]) -> None:
         if target is not None:
             predict.targets_into(a, point, band, target, k, t.steps, tokens_step, res)
         a["convergence"] = res
-    first = None
-    if target is not None:
-        # an algorithm that does not fit its GPUs' memory cannot run, so it is not first
-        reached = [a for a in out["algorithms"]
-                   if a.get("time_to_target_s") is not None and a.get("fits", True)]
-        if reached:
-            first = min(reached, key=lambda a: a["time_to_target_s"])["label"]
+    first = predict.first_to_target(out["algorithms"]) if target is not None else None
     out["convergence"] = {
         "model": c.model, "target_loss": target,
         "target_perplexity": math.exp(target) if target is not None else None,

@@ -154,6 +154,14 @@ def _first_step(curve: np.ndarray, target: float) -> np.ndarray:
     return first
 
 
+def first_to_target(algorithms: list[dict[str, Any]]) -> str | None:
+    """The label of the algorithm with the shortest time to the target among those that reach
+    it and fit their GPUs' memory (one that does not fit cannot run); None if none does."""
+    reached = [a for a in algorithms
+               if a.get("time_to_target_s") is not None and a.get("fits", True)]
+    return min(reached, key=lambda a: a["time_to_target_s"])["label"] if reached else None
+
+
 def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
     """Add loss predictions and time to target to `out` (simfed.engine.simulate's result)."""
     c = scn.convergence
@@ -213,13 +221,7 @@ def attach(scn: Scenario, out: dict[str, Any], target: float | None) -> None:
         if target is not None:
             targets_into(a, point, band, target, k, t.steps, tokens_step, res)
         a["convergence"] = res
-    first = None
-    if target is not None:
-        # an algorithm that does not fit its GPUs' memory cannot run, so it is not first
-        reached = [a for a in out["algorithms"]
-                   if a.get("time_to_target_s") is not None and a.get("fits", True)]
-        if reached:
-            first = min(reached, key=lambda a: a["time_to_target_s"])["label"]
+    first = first_to_target(out["algorithms"]) if target is not None else None
     xs = dict(zip(scaling.PARAMS, (float(v) for v in x), strict=True))
     out["convergence"] = {
         "model": "scaling", "target_loss": target,
