@@ -48,6 +48,7 @@ class Hardware:
     shared_bandwidth: tuple[tuple[float, float], ...] = ()
     loaded_step_us: float = 0.0  # fabric.loaded_step_us
     loaded_step_scope: str = "leaves"  # fabric.loaded_step_scope
+    tree_level_us: float = 0.0  # fabric.tree_level_us
     nodes_per_island: int = 0  # fabric.nodes_per_island (0: one island)
     loaded_step_island_us: float = 0.0  # fabric.loaded_step_island_us
 
@@ -85,6 +86,7 @@ class Hardware:
             shared_bandwidth=tuple(sorted((float(a), float(b)) for a, b in f.shared_bandwidth)),
             loaded_step_us=f.loaded_step_us,
             loaded_step_scope=f.loaded_step_scope,
+            tree_level_us=f.tree_level_us,
             nodes_per_island=f.nodes_per_island,
             loaded_step_island_us=f.loaded_step_island_us,
         )
@@ -127,6 +129,13 @@ class Hardware:
         if self.nodes_per_island and nodes > self.nodes_per_island:
             us += self.loaded_step_island_us
         return us * 1e-6
+
+    def tree_level_s(self, nodes: int) -> float:
+        """The latency each level of a tree over `nodes` nodes pays beyond NCCL's model even
+        measured alone (fabric.tree_level_us), from where fabric.loaded_step_scope says."""
+        if self.loaded_step_scope == "leaves" and not self.spans_leaves(nodes):
+            return 0.0
+        return self.tree_level_us * 1e-6
 
     def spans_leaves(self, nodes: int) -> bool:
         """Whether `nodes` job nodes (the first ones) sit under more than one leaf switch:

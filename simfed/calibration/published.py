@@ -376,6 +376,15 @@ def shared_fabric_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
     return compare(path) if path.is_file() else []
 
 
+def allreduce_size_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
+    """Leonardo's NCCL all-reduce by message size (`leonardo-allreduce.yaml`) with the trees'
+    latency per level beyond a leaf switch on and off (`shared_fabric.sizes`)."""
+    from .shared_fabric import sizes
+
+    path = folder / "leonardo-allreduce.yaml"
+    return sizes(path) if path.is_file() else []
+
+
 def speedup_cases(folder: Path = DEFAULT_DIR) -> list[dict[str, Any]]:
     """Published speedups of a runtime setting (`speedups.yaml`: float8, torch.compile): both
     runs of each case simulated, the predicted ratio of tokens/s/GPU against the published one;
@@ -432,7 +441,8 @@ def validate_published(folder: Path = DEFAULT_DIR, *, only_set: str | None = Non
             "memory": memory_summary(rows),
             "collectives": collective_cases(folder), "speedups": speedup_cases(folder),
             "collectives_calibrated": collective_cases(folder, calibrated=True),
-            "shared_fabric": shared_fabric_cases(folder)}
+            "shared_fabric": shared_fabric_cases(folder),
+            "allreduce_sizes": allreduce_size_cases(folder)}
 
 
 def print_published(res: dict[str, Any], console: Any) -> None:
@@ -461,6 +471,11 @@ def print_published(res: dict[str, Any], console: Any) -> None:
 
         console.print("  shared fabric (shared-fabric.yaml): "
                       + summary_line(res["shared_fabric"]), highlight=False)
+    if res.get("allreduce_sizes"):
+        from .shared_fabric import sizes_line
+
+        console.print("  all-reduce by size on Leonardo (leonardo-allreduce.yaml): "
+                      + sizes_line(res["allreduce_sizes"]), highlight=False)
     if res.get("speedups"):
         print_speedups(res["speedups"], console)
     if res.get("scale_losses"):

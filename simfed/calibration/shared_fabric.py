@@ -4,6 +4,15 @@ InfiniBand service levels, De Sensi et al. SC24): the collective model's bus ban
 mechanism on (the cluster's measured shares) and off (a quiet fabric), row by row.
 
     python -m simfed.calibration.shared_fabric
+
+The same machine's NCCL all-reduce by message size (validation/published/leonardo-allreduce.yaml,
+2-128 MiB, one node to 256) tests the latency its trees pay a level beyond a leaf switch
+(`cluster.fabric.tree_level_us`): `sizes()` gives every row
+with it on and off, and
+
+    python -m simfed.calibration.shared_fabric levels
+
+prints the fit rows' median |busbw error| over a 6.25 us grid, the rule that chose its value.
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ from . import published_collectives as pc
 
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "validation" / "published" / \
     "shared-fabric.yaml"
+SIZES_FILE = DEFAULT_FILE.with_name("leonardo-allreduce.yaml")
 KEY = "cluster.fabric.shared_bandwidth"
+LEVEL_KEY = "cluster.fabric.tree_level_us"
 
 
 def compare(path: Path = DEFAULT_FILE) -> list[dict[str, Any]]:
@@ -50,7 +61,47 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
             f"{s['quiet_rows']:.1%} on the quiet one")
 
 
+def sizes(path: Path = SIZES_FILE) -> list[dict[str, Any]]:
+    """published_collectives.compare's rows of the all-reduce size tables (every size) with the
+    prediction without the tree-level latency beside them ("off_GBps", "off_error")."""
+    rows = pc.compare(path, min_bytes=0)
+    off = pc.compare(path, min_bytes=0, set_keys={LEVEL_KEY: 0.0})
+    return [{**r, "off_GBps": o["predicted_GBps"], "off_error": o["error"]}
+            for r, o in zip(rows, off, strict=True)]
+
+
+def sizes_line(rows: list[dict[str, Any]]) -> str:
+    """Median |busbw error| per set, with the tree-level latency and without it."""
+    parts = []
+    for name in pc.SETS:
+        sel = [r for r in rows if r["set"] == name]
+        if sel:
+            on = statistics.median(abs(r["error"]) for r in sel)
+            off = statistics.median(abs(r["off_error"]) for r in sel)
+            parts.append(f"{name} {on:.1%} over {len(sel)} rows ({off:.1%} without it)")
+    return "median |busbw error| with a tree's latency per level beyond a leaf: " + \
+        "; ".join(parts)
+
+
+def level_grid(path: Path = SIZES_FILE, step_us: float = 6.25, top_us: float = 100.0
+               ) -> list[tuple[float, float]]:
+    """(tree_level_us, median |busbw error| of the fit rows over more than two nodes) on a grid:
+    the value with the smallest median is the cluster's."""
+    out = []
+    for k in range(int(top_us / step_us) + 1):
+        rows = pc.compare(path, min_bytes=0, set_keys={LEVEL_KEY: k * step_us})
+        fit = [abs(r["error"]) for r in rows if r["set"] == "fit" and r["nodes"] > 2]
+        out.append((k * step_us, statistics.median(fit)))
+    return out
+
+
 def main() -> None:
+    import sys
+
+    if sys.argv[1:] == ["levels"]:
+        for us, err in level_grid():
+            print(f"tree_level_us {us:6.2f}: fit median |busbw error| {err:.1%}")
+        return
     rows = compare()
     print("| row | nodes | published busbw GB/s | predicted | error | mechanism off | error |")
     print("|---|---|---|---|---|---|---|")

@@ -226,10 +226,13 @@ class NcclModel:
 
     def best(self, op: str, nbytes: float, n: int, nodes: int) -> Choice:
         """NCCL's pick, its bandwidth scaled by the calibrated efficiency curve if any, plus
-        the fabric's loaded-step latency, island term included (which NCCL's pick does not
-        know)."""
+        the fabric's loaded-step latency, island term included, per step (a tree's levels: that
+        or fabric.tree_level_us, the larger; NCCL's pick knows neither)."""
         ch = self.nccl_choice(op, nbytes, n, nodes)
-        extra = self.hw.loaded_step_s(nodes) * self.loaded_steps(ch, op, n, nodes)
+        per_step = self.hw.loaded_step_s(nodes)
+        if ch.algorithm != "ring":  # a tree's levels: measured alone, or under load if more
+            per_step = max(per_step, self.hw.tree_level_s(nodes))
+        extra = per_step * self.loaded_steps(ch, op, n, nodes)
         if extra:
             ch = Choice(ch.algorithm, ch.protocol, ch.time_s + extra, ch.latency_s + extra,
                         ch.algbw_Bps)

@@ -100,6 +100,12 @@ class FabricSpec:
         "one leaf switch (packed placement fills a leaf before the next; spread deals nodes "
         "over leaves; an ideal fabric has no leaves): traffic under one leaf switch crosses no "
         "link that other jobs share; nodes: once it crosses nodes")
+    tree_level_us: float = param(
+        0.0, ge=0, doc="model nccl: latency each level of a tree (PAT, NVLS) across nodes adds "
+        "beyond NCCL's tuning model on this fabric even measured alone (2 log2 n levels over n "
+        "nodes; rings pay none), from where loaded_step_scope says; a tree pays the larger of "
+        "this and loaded_step_us. Fitted from a cluster's NCCL all-reduce by message size "
+        "(0: NCCL's model as is)")
     nodes_per_island: int = param(
         0, ge=0, doc="nodes in one island: the part of the fabric below its top switch layer (a "
         "three-layer fat tree's pod); 0: the fabric is one island")
