@@ -7,8 +7,7 @@ mechanism on (the cluster's measured shares) and off (a quiet fabric), row by ro
 
 The same machine's NCCL all-reduce by message size (validation/published/leonardo-allreduce.yaml,
 2-128 MiB, one node to 256) tests the latency its trees pay a level beyond a leaf switch
-(`cluster.fabric.tree_level_us`): `sizes()` gives every row
-with it on and off, and
+(`cluster.fabric.tree_level_us`): `sizes()` gives every row with it on and off, and
 
     python -m simfed.calibration.shared_fabric levels
 
