@@ -123,7 +123,7 @@ class Hardware:
         load (fabric.loaded_step_us), from where fabric.loaded_step_scope says (more than one
         leaf switch, or more than one node), with the island term once it spans more than one
         island (fabric.loaded_step_island_us; nodes fill islands in order)."""
-        if self.loaded_step_scope == "leaves" and not self.spans_leaves(nodes):
+        if not self._beyond_scope(nodes):
             return 0.0
         us = self.loaded_step_us
         if self.nodes_per_island and nodes > self.nodes_per_island:
@@ -133,9 +133,12 @@ class Hardware:
     def tree_level_s(self, nodes: int) -> float:
         """The latency each level of a tree over `nodes` nodes pays beyond NCCL's model even
         measured alone (fabric.tree_level_us), from where fabric.loaded_step_scope says."""
-        if self.loaded_step_scope == "leaves" and not self.spans_leaves(nodes):
-            return 0.0
-        return self.tree_level_us * 1e-6
+        return self.tree_level_us * 1e-6 if self._beyond_scope(nodes) else 0.0
+
+    def _beyond_scope(self, nodes: int) -> bool:
+        """Whether a collective over `nodes` nodes reaches where the fabric's latencies beyond
+        NCCL's model start (fabric.loaded_step_scope: past one leaf switch, or past one node)."""
+        return self.loaded_step_scope != "leaves" or self.spans_leaves(nodes)
 
     def spans_leaves(self, nodes: int) -> bool:
         """Whether `nodes` job nodes (the first ones) sit under more than one leaf switch:

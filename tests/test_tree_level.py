@@ -18,7 +18,7 @@ from simfed.spec import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "scenarios" / "h100-1024.yaml"
-LEONARDO = ROOT / "scenarios" / "clusters" / "leonardo.yaml"
+PAPER = ROOT / "scenarios" / "512gpu.yaml"
 TABLE = ROOT / "validation" / "published" / "leonardo-allreduce.yaml"
 FIT_NODES, CHECK_NODES = {1, 2, 16, 64, 256}, {8, 32, 128}
 
@@ -43,7 +43,7 @@ def test_a_tree_pays_the_larger_of_its_level_latency_and_the_loaded_step_a_ring_
 
 
 def test_inside_one_leaf_switch_a_tree_pays_no_level_latency():
-    scn = load_scenario(LEONARDO.parent.parent / "512gpu.yaml", {})
+    scn = load_scenario(PAPER, {})
     hw = Hardware.from_spec(scn.cluster, scn.runtime)
     assert hw.tree_level_us > 0 and scn.cluster.fabric.nodes_per_leaf == 10
     assert hw.tree_level_s(10) == 0.0 and hw.tree_level_s(11) == pytest.approx(
@@ -54,7 +54,7 @@ def test_a_negative_level_latency_is_a_one_line_error():
     from simfed.spec.schema import SpecError
 
     with pytest.raises(SpecError, match="tree_level_us"):
-        load_scenario(LEONARDO.parent.parent / "512gpu.yaml",
+        load_scenario(PAPER,
                       {"cluster.fabric.tree_level_us": -1})
 
 
@@ -74,7 +74,7 @@ def test_the_leonardo_value_is_the_fit_rows_grid_choice():
     levels`), and it earns its place there."""
     grid = shared_fabric.level_grid()
     best = min(grid, key=lambda g: g[1])
-    shipped = load_scenario(LEONARDO.parent.parent / "512gpu.yaml", {}).cluster.fabric
+    shipped = load_scenario(PAPER, {}).cluster.fabric
     assert best[0] == shipped.tree_level_us
     assert best[1] < 0.5 * dict(grid)[0.0]
 

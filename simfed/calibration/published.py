@@ -123,9 +123,10 @@ def derive_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     per_doubling = [abs(x["difference"]) / math.log2(x["gpus"][1] / x["gpus"][0])
                     for x in scale_losses(check) if x["gpus"][1] > x["gpus"][0]]
     fits = [1.0 - r["peak_memory_GiB"] / r["capacity_GiB"] for r in rows if r["fits_memory"]]
-    mem = sorted(abs(r["memory_error"]) for r in check if r.get("memory_error") is not None)
-    memory = {"memory_cases": len(mem), "memory_median_abs_error": _round_up(
-        statistics.median(mem)), "memory_worst_abs_error": _round_up(mem[-1])} if mem else {}
+    m = memory_summary(check).get("check")
+    memory = {"memory_cases": m["cases"],
+              "memory_median_abs_error": _round_up(m["median_abs_error"]),
+              "memory_worst_abs_error": _round_up(abs(m["worst"]["error"]))} if m else {}
     return {"check_cases": len(check),
             "median_abs_error": _round_up(statistics.median(errs)),
             "p90_abs_error": _round_up(errs[k - 1]),

@@ -70,16 +70,13 @@ def sizes(path: Path = SIZES_FILE) -> list[dict[str, Any]]:
 
 
 def sizes_line(rows: list[dict[str, Any]]) -> str:
-    """Median |busbw error| per set, with the tree-level latency and without it."""
-    parts = []
-    for name in pc.SETS:
-        sel = [r for r in rows if r["set"] == name]
-        if sel:
-            on = statistics.median(abs(r["error"]) for r in sel)
-            off = statistics.median(abs(r["off_error"]) for r in sel)
-            parts.append(f"{name} {on:.1%} over {len(sel)} rows ({off:.1%} without it)")
-    return "median |busbw error| with a tree's latency per level beyond a leaf: " + \
-        "; ".join(parts)
+    """Median |busbw error| per set (published_collectives.summarise), with the tree-level
+    latency and without it."""
+    on = pc.summarise(rows)
+    off = pc.summarise([{**r, "error": r["off_error"]} for r in rows])
+    return "median |busbw error| with a tree's latency per level beyond a leaf: " + "; ".join(
+        f"{name} {s['median_abs_error']:.1%} over {s['rows']} rows "
+        f"({off[name]['median_abs_error']:.1%} without it)" for name, s in on.items())
 
 
 def level_grid(path: Path = SIZES_FILE, step_us: float = 6.25, top_us: float = 100.0
